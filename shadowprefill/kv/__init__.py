@@ -1,0 +1,2 @@
+"""KV management: page layout (spec), block pool, host tier."""
+from .spec import KVCacheSpec

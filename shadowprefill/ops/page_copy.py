@@ -1,0 +1,83 @@
+"""copy_blocks: copy whole pages between two caches of equal page shape, on any pair of devices.
+
+This is the spill / reload path of the host tier (DESIGN.md §3, §5): a page holds all layers of
+block_size tokens contiguously, so page i is one contiguous byte range and runs of consecutive ids merge
+into one copy. CPU<->CPU runs in shadowprefill._C (multithreaded memcpy); anything touching CUDA runs in
+shadowprefill._C_cuda, enqueued on the current stream, and returns at once.
+"""
+import torch
+
+from . import _backend, _validate as check
+
+
+def page_bytes(kv_cache: torch.Tensor) -> int:
+    return kv_cache.stride(0) * kv_cache.element_size()
+
+
+def host_ids(ids: torch.Tensor) -> torch.Tensor:
+    """Ids as a host int64 array (the compiled copies read them by address). Costs a sync for CUDA ids."""
+    return ids.to(device="cpu", dtype=torch.int64).contiguous()
+
+
+def _check_structure(src, dst, src_block_ids, dst_block_ids):
+    check.kv_cache(src, "src")
+    check.kv_cache(dst, "dst")
+    if src.shape[1:] != dst.shape[1:]:
+        raise ValueError(f"dst: page shape {tuple(dst.shape[1:])} differs from src page shape {tuple(src.shape[1:])}")
+    check.same_dtype(dst, "dst", src.dtype, "src")
+    check.block_ids(src_block_ids, "src_block_ids", (src.device, dst.device))
+    check.block_ids(dst_block_ids, "dst_block_ids", (dst.device, src.device))
+    check.shape(dst_block_ids, "dst_block_ids", src_block_ids.shape, "one destination per source id")
+
+
+def _check_values(src, dst, src_ids, dst_ids):
+    check.ids_in_range(src_ids, "src_block_ids", src.shape[0])
+    check.ids_in_range(dst_ids, "dst_block_ids", dst.shape[0])
+    check.unique(dst_ids, "dst_block_ids")
+    if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+        overlap = dst_ids[torch.isin(dst_ids, src_ids)]
+        if overlap.numel():
+            raise ValueError(f"dst_block_ids: page {int(overlap[0])} is also a source page (src is dst)")
+
+
+@torch.library.custom_op("shadowprefill::copy_blocks", mutates_args=("dst",))
+def _copy_blocks_op(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.Tensor,
+                    dst_block_ids: torch.Tensor) -> None:
+    _check_structure(src, dst, src_block_ids, dst_block_ids)
+    src_ids, dst_ids = host_ids(src_block_ids), host_ids(dst_block_ids)
+    _check_values(src, dst, src_ids, dst_ids)  # ids are on the host anyway: always checked
+    n = src_ids.numel()
+    if n == 0:
+        return
+    size = page_bytes(src)
+    args = (src.data_ptr(), dst.data_ptr(), src_ids.data_ptr(), dst_ids.data_ptr(), n, size, size, 0, 0, size)
+    bounds = dict(src_count=src.shape[0], dst_count=dst.shape[0])  # the extension re-checks the ids
+    if src.device.type == "cpu" and dst.device.type == "cpu":
+        _backend.cpu_extension().copy_segments(*args, num_threads=0, **bounds)
+    elif _backend.backend_name() == "reference":
+        dst[dst_ids.to(dst.device)] = src[src_ids.to(src.device)].to(dst.device)
+    else:
+        cuda_device = dst.device if dst.device.type == "cuda" else src.device
+        stream = torch.cuda.current_stream(cuda_device)
+        with torch.cuda.device(cuda_device):
+            _backend.cuda_extension().copy_segments(*args, stream_ptr=stream.cuda_stream, **bounds)
+
+
+@_copy_blocks_op.register_fake
+def _(src, dst, src_block_ids, dst_block_ids):
+    _check_structure(src, dst, src_block_ids, dst_block_ids)
+
+
+def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.Tensor,
+                dst_block_ids: torch.Tensor) -> None:
+    """dst[dst_block_ids[i]] = src[src_block_ids[i]] for every i (whole pages, all layers).
+
+    src and dst: block-major caches with equal page shape and dtype, on any devices (CUDA, pinned or
+    pageable CPU). Ids: int32/int64, on the CPU (best: no sync) or a cache's device. Duplicate destination
+    ids are an error. A copy touching CUDA is enqueued on the current stream and returns at once; the caller
+    keeps both caches alive until it completes (record an event).
+    """
+    for x, name in ((src, "src"), (dst, "dst"), (src_block_ids, "src_block_ids"),
+                    (dst_block_ids, "dst_block_ids")):
+        check.tensor(x, name)
+    torch.ops.shadowprefill.copy_blocks(src, dst, src_block_ids, dst_block_ids)
