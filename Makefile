@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)
-	$(PY) -m shadowprefill.demo
+	$(PY) -m shadowprefill.cli selfcheck
 
 bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only --benchmark-columns=median,ops

@@ -11,7 +11,8 @@ import sys
 
 # module path -> sub-commands it registers (imported lazily so `shadowprefill --help` stays fast)
 SUBSYSTEMS = [
-    "shadowprefill.demo",
+    "shadowprefill.selfcheck",
+    "shadowprefill.gateway.cli",
 ]
 
 

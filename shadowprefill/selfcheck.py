@@ -1,4 +1,4 @@
-"""Ops self-check behind `make demo`: `python -m shadowprefill.demo`.
+"""Ops self-check: `shadowprefill selfcheck` (or `python -m shadowprefill.selfcheck`).
 
 On the available device (CUDA if present, else CPU) it builds a small paged pool, writes a mixed
 decode/prefill batch with write_kv, runs paged_attention against a float64 dense reference, spills and
@@ -127,6 +127,12 @@ def run(device: torch.device):
         seconds = timed(lambda: ops.unpack_blocks(buf, scales, target, spilled), device)
         rows.append((f"unpack_blocks ({name})", ok, error, nbytes / seconds / 1e9, "GB/s"))
     return rows
+
+
+def register(subparsers) -> None:
+    """Adds `shadowprefill selfcheck` to the command line."""
+    parser = subparsers.add_parser("selfcheck", help="check and time every op on this machine's device")
+    parser.set_defaults(func=lambda args: main())
 
 
 def main(argv=None) -> int:
