@@ -1,0 +1,233 @@
+"""Per-step routers and the next-model predictor (paper §2.1, §3.1, appendix C "Router switch rate").
+
+Every router answers `route(session, call_index, history) -> model name`, where `history` lists the models
+that served calls 0..call_index-1 of the session. Randomised routers draw from a generator seeded by
+(seed, session id, call index), so a decision never depends on the order in which the simulator asks:
+the same seed routes identically under every policy.
+
+- `ReplayRouter`: the session's recorded route (LLMRouter decisions replayed exactly, paper §4).
+- `MarkovRouter`: an N-state Markov chain that switches model with probability p at each step (the
+  appendix C sensitivity study uses two states, p in [0.05, 0.5]).
+- `RandomRouter`: an independent draw per call.
+- `CallableRouter`: wraps a learned router, e.g. `CallableRouter(lambda ctx: my_router.route(ctx.prompt_ids()))`.
+
+`SwitchPredictor` learns P(next model | task, current model) online from finished sessions; the shadow
+ordering uses `switch_probability(task, current, target)` and the N > 2 prior uses `rank_targets`.
+"""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from shadowprefill.cluster.workloads import Session
+
+
+class Router(Protocol):
+    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
+        """Model for call `call_index` of `session`, given the models of its earlier calls."""
+
+
+def _check_call(session: Session, call_index: int, history: Sequence[str]) -> None:
+    if not isinstance(session, Session):
+        raise TypeError(f"session must be a Session, got {type(session).__name__}")
+    if isinstance(call_index, bool) or not isinstance(call_index, int) or not 0 <= call_index < len(session.calls):
+        raise ValueError(f"call_index must be in [0, {len(session.calls)}), got {call_index!r}")
+    if len(history) != call_index:
+        raise ValueError(f"history must list the {call_index} earlier calls' models, got {len(history)}")
+
+
+def _models(models: Sequence[str]) -> list[str]:
+    models = list(models)
+    if not models or not all(isinstance(m, str) and m for m in models) or len(set(models)) != len(models):
+        raise ValueError(f"models must be distinct non-empty names, got {models!r}")
+    return models
+
+
+def _weights(weights: Mapping[str, float] | None, names: Sequence[str], what: str) -> list[float]:
+    if weights is None:
+        return [1.0] * len(names)
+    unknown = set(weights) - set(names)
+    if unknown:
+        raise ValueError(f"{what} names unknown model(s) {sorted(unknown)}")
+    w = [float(weights.get(n, 0.0)) for n in names]
+    if any(x < 0 for x in w) or sum(w) <= 0:
+        raise ValueError(f"{what} must be non-negative with a positive sum, got {dict(weights)}")
+    return w
+
+
+def _call_rng(seed: int, session: Session, call_index: int) -> random.Random:
+    return random.Random(f"{seed}/{session.session_id}/{call_index}")
+
+
+class ReplayRouter:
+    """The recorded model of each call, optionally renamed through `model_map` (e.g. onto another pair)."""
+
+    def __init__(self, model_map: Mapping[str, str] | None = None) -> None:
+        self.model_map = dict(model_map or {})
+
+    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
+        _check_call(session, call_index, history)
+        recorded = session.calls[call_index].model
+        return self.model_map.get(recorded, recorded)
+
+
+class MarkovRouter:
+    """Stay on the current model with probability 1 - p, else switch to another one (chosen by
+    `targets[current]` weights, default uniform). The first call draws from `initial` (default uniform).
+    `p_by_task` overrides p per task."""
+
+    def __init__(self, models: Sequence[str], p: float, seed: int = 0, initial: Mapping[str, float] | None = None,
+                 targets: Mapping[str, Mapping[str, float]] | None = None,
+                 p_by_task: Mapping[str, float] | None = None) -> None:
+        self.models = _models(models)
+        for name, value in [("p", p)] + [(f"p_by_task[{t!r}]", v) for t, v in (p_by_task or {}).items()]:
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+        self.p = float(p)
+        self.p_by_task = dict(p_by_task or {})
+        self.seed = seed
+        self.initial = _weights(initial, self.models, "initial")
+        self.targets: dict[str, tuple[list[str], list[float]]] = {}
+        for m in self.models:
+            others = [o for o in self.models if o != m]
+            self.targets[m] = (others, _weights((targets or {}).get(m), others, f"targets[{m!r}]") if others else [])
+
+    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
+        _check_call(session, call_index, history)
+        rng = _call_rng(self.seed, session, call_index)
+        if call_index == 0:
+            return rng.choices(self.models, self.initial)[0]
+        current = history[-1]
+        if current not in self.targets:
+            raise ValueError(f"history[-1]={current!r} is not one of the router's models {self.models}")
+        others, weights = self.targets[current]
+        if others and rng.random() < self.p_by_task.get(session.task, self.p):
+            return rng.choices(others, weights)[0]
+        return current
+
+
+class RandomRouter:
+    """An independent draw per call from `models` (weights default uniform)."""
+
+    def __init__(self, models: Sequence[str], weights: Mapping[str, float] | None = None, seed: int = 0) -> None:
+        self.models = _models(models)
+        self.weights = _weights(weights, self.models, "weights")
+        self.seed = seed
+
+    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
+        _check_call(session, call_index, history)
+        return _call_rng(self.seed, session, call_index).choices(self.models, self.weights)[0]
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a learned router sees of one call."""
+
+    session: Session
+    call_index: int
+    history: tuple[str, ...]
+
+    @property
+    def task(self) -> str:
+        return self.session.task
+
+    @property
+    def tenant(self) -> str:
+        return self.session.tenant
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.session.prompt_len(self.call_index)
+
+    @property
+    def recorded_model(self) -> str:
+        return self.session.calls[self.call_index].model
+
+    def prompt_ids(self) -> np.ndarray:
+        """The call's prompt token ids (recorded outputs stand in for earlier calls' outputs)."""
+        return self.session.prompt_ids(self.call_index)
+
+
+class CallableRouter:
+    """A router from any callable `fn(CallContext) -> model name`; `models`, if given, bounds the answers."""
+
+    def __init__(self, fn: Callable[[CallContext], str], models: Sequence[str] | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.models = None if models is None else set(_models(models))
+
+    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
+        _check_call(session, call_index, history)
+        model = self.fn(CallContext(session, call_index, tuple(history)))
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"router function returned {model!r}; expected a model name")
+        if self.models is not None and model not in self.models:
+            raise ValueError(f"router function returned {model!r}, not one of {sorted(self.models)}")
+        return model
+
+
+class SwitchPredictor:
+    """P(next call's model | task, current model), learned online from finished sessions (paper §3.1).
+
+    Estimates back off from (task, current) counts to per-current-model counts over all tasks, then to a
+    prior that switches with probability `prior_switch`, spread evenly over the other candidates; each
+    level adds `pseudo_count` pseudo-transitions of the level below (Dirichlet smoothing).
+    """
+
+    def __init__(self, prior_switch: float = 0.25, pseudo_count: float = 2.0) -> None:
+        if not 0.0 <= prior_switch <= 1.0:
+            raise ValueError(f"prior_switch must be in [0, 1], got {prior_switch}")
+        if not pseudo_count > 0:
+            raise ValueError(f"pseudo_count must be > 0, got {pseudo_count}")
+        self.prior_switch = prior_switch
+        self.pseudo_count = pseudo_count
+        self.num_sessions = 0
+        self.models: set[str] = set()
+        self._by_task: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self._by_model: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def observe_session(self, task: str, models: Sequence[str]) -> None:
+        """Record the model sequence a finished session of `task` used."""
+        if not isinstance(task, str):
+            raise TypeError(f"task must be a str, got {type(task).__name__}")
+        models = list(models)
+        self.models.update(models)
+        for current, nxt in zip(models, models[1:]):
+            self._by_task[(task, current)][nxt] += 1
+            self._by_model[current][nxt] += 1
+        self.num_sessions += 1
+
+    def next_model_distribution(self, task: str, current: str, candidates: Sequence[str] | None = None) -> dict[str, float]:
+        """Probability of each candidate (default: every model seen, plus `current`) serving the next call."""
+        names = sorted(set(candidates if candidates is not None else self.models) | {current})
+        if len(names) == 1:
+            return {current: 1.0}
+        switch_each = self.prior_switch / (len(names) - 1)
+        probs = {m: (1.0 - self.prior_switch if m == current else switch_each) for m in names}
+        for counts in (self._by_model.get(current), self._by_task.get((task, current))):
+            if counts:
+                total = sum(counts.get(m, 0) for m in names)
+                probs = {m: (counts.get(m, 0) + self.pseudo_count * probs[m]) / (total + self.pseudo_count)
+                         for m in names}
+        return probs
+
+    def switch_probability(self, task: str, current: str, target: str) -> float:
+        """Probability that a session of `task` now on `current` sends its next call to `target` (for
+        target == current: the probability of staying), over every model seen so far."""
+        return self.next_model_distribution(task, current, sorted(self.models | {target}))[target]
+
+    def probabilities(self, task: str, current_model: str, candidates: Sequence[str]) -> dict[str, float]:
+        """P(next call goes to m | task, current model) for each candidate m != current model (the
+        cluster manager's `NextModelPrior` interface)."""
+        probs = self.next_model_distribution(task, current_model, candidates)
+        return {m: p for m, p in probs.items() if m != current_model}
+
+    def rank_targets(self, task: str, current: str, candidates: Sequence[str]) -> list[tuple[str, float]]:
+        """Other candidates by decreasing probability of being the next model (the N > 2 shadow prior)."""
+        probs = self.next_model_distribution(task, current, candidates)
+        return sorted(((m, p) for m, p in probs.items() if m != current), key=lambda mp: (-mp[1], mp[0]))
