@@ -1,0 +1,188 @@
+"""Shadow jobs (paper §3.1, DESIGN.md §6).
+
+A `ShadowJob` is one session's history as this engine's model should hold it: the token sequence, and
+how much of it the engine already caches (`num_cached`, a page-aligned belief refreshed from the prefix
+cache whenever a chunk runs, so a shadow evicted mid-way is simply recomputed from what is left).
+The cluster manager appends a routed call's input at once and the routed model's output tokens as they
+stream (`extend`), or hands a whole new history (`update`): an extension keeps all progress, a history
+that is not append-only keeps the longest common prefix, and pending work of the old history is
+dropped (newer history supersedes it).
+
+Only whole pages are shadowed: a partial last page could not be registered in the prefix cache, so the
+switch call prefills that tail itself, as it does the output of the current call (§3.1).
+
+`ShadowJobQueue` holds this engine's jobs in order of predicted switch probability (highest first,
+then oldest), the order in which Algorithm 1 line 15 takes tokens from them.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterator, Sequence
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n                        # a[:lo] == b[:lo], a[:hi] != b[:hi]; bisect on slices (C speed)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def check_token_ids(name: str, token_ids) -> list[int]:
+    if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__len__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(token_ids).__name__}")
+    tokens = list(token_ids)
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tokens):
+        raise ValueError(f"{name} must hold non-negative int token ids")
+    return tokens
+
+
+def _check_prob(switch_prob) -> float:
+    if isinstance(switch_prob, bool) or not isinstance(switch_prob, (int, float)) or math.isnan(switch_prob):
+        raise TypeError(f"switch_prob must be a number in [0, 1], got {switch_prob!r}")
+    if not 0.0 <= switch_prob <= 1.0:
+        raise ValueError(f"switch_prob must be in [0, 1], got {switch_prob}")
+    return float(switch_prob)
+
+
+class ShadowJob:
+    """The history one session should have cached on this engine, and how much is cached already."""
+
+    __slots__ = ("session_id", "token_ids", "num_cached", "switch_prob", "tenant", "seq", "version",
+                 "updated_at", "tokens_computed", "in_flight")
+
+    def __init__(self, session_id: str, token_ids: list[int], switch_prob: float, tenant: str, seq: int,
+                 now: float) -> None:
+        self.session_id = session_id
+        self.token_ids = token_ids
+        self.num_cached = 0          # page-aligned prefix the engine is believed to cache
+        self.switch_prob = switch_prob
+        self.tenant = tenant
+        self.seq = seq               # arrival order, breaks probability ties
+        self.version = 0             # bumped when the history is rewritten (not on appends)
+        self.updated_at = now
+        self.tokens_computed = 0     # shadow tokens this job has prefilled (stats)
+        self.in_flight = 0           # tokens of a chunk currently executing
+
+    def shadowable_tokens(self, block_size: int) -> int:
+        """Tokens in whole pages: the part of the history a shadow can make resident."""
+        return len(self.token_ids) // block_size * block_size
+
+    def pending_tokens(self, block_size: int) -> int:
+        """Whole-page tokens not cached yet (by the job's belief)."""
+        return max(self.shadowable_tokens(block_size) - self.num_cached, 0)
+
+    def extend(self, token_ids: list[int], now: float) -> None:
+        """Append tokens (new call input now, routed output as it streams)."""
+        self.token_ids.extend(token_ids)
+        self.updated_at = now
+
+    def update(self, token_ids: list[int], now: float, block_size: int) -> None:
+        """Replace the history. An extension keeps all progress; otherwise only the whole pages of the
+        longest common prefix stay cached (non-append-only histories, e.g. a compacted context)."""
+        old = self.token_ids
+        if len(token_ids) >= len(old) and token_ids[:len(old)] == old:
+            self.token_ids = token_ids
+        else:
+            lcp = common_prefix_length(old, token_ids)
+            self.token_ids = token_ids
+            self.num_cached = min(self.num_cached, lcp // block_size * block_size)
+            self.version += 1
+        self.updated_at = now
+
+    def __repr__(self) -> str:
+        return (f"ShadowJob({self.session_id!r}, tokens={len(self.token_ids)}, cached={self.num_cached}, "
+                f"p={self.switch_prob:.2f})")
+
+
+class ShadowJobQueue:
+    """This engine's shadow jobs, by session, iterated in order of switch probability."""
+
+    def __init__(self, block_size: int, default_switch_prob: float = 0.5) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+        self.default_switch_prob = _check_prob(default_switch_prob)
+        self._jobs: dict[str, ShadowJob] = {}
+        self._order: list[ShadowJob] | None = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._jobs
+
+    def get(self, session_id: str) -> ShadowJob | None:
+        return self._jobs.get(session_id)
+
+    def upsert(self, session_id: str, token_ids, *, now: float, switch_prob: float | None = None,
+               tenant: str = "") -> ShadowJob:
+        """Create the session's job or give it a new history (see `ShadowJob.update`)."""
+        if not isinstance(session_id, str) or not session_id:
+            raise TypeError(f"session_id must be a non-empty str, got {session_id!r}")
+        tokens = check_token_ids("token_ids", token_ids)
+        job = self._jobs.get(session_id)
+        if job is None:
+            prob = self.default_switch_prob if switch_prob is None else _check_prob(switch_prob)
+            job = ShadowJob(session_id, tokens, prob, tenant, next(self._seq), now)
+            self._jobs[session_id] = job
+            self._order = None
+            return job
+        if job.tenant != tenant:
+            raise ValueError(f"session {session_id!r} belongs to tenant {job.tenant!r}, not {tenant!r}")
+        job.update(tokens, now, self.block_size)
+        if switch_prob is not None:
+            self.set_switch_prob(session_id, switch_prob)
+        return job
+
+    def extend(self, session_id: str, token_ids, *, now: float) -> ShadowJob:
+        """Append tokens to an existing job (KeyError if the session has none)."""
+        job = self._jobs[session_id]
+        job.extend(check_token_ids("token_ids", token_ids), now)
+        return job
+
+    def set_switch_prob(self, session_id: str, switch_prob: float) -> None:
+        job = self._jobs[session_id]
+        prob = _check_prob(switch_prob)
+        if prob != job.switch_prob:
+            job.switch_prob = prob
+            self._order = None
+
+    def remove(self, session_id: str) -> ShadowJob | None:
+        job = self._jobs.pop(session_id, None)
+        if job is not None:
+            self._order = None
+        return job
+
+    def ordered(self) -> list[ShadowJob]:
+        """Jobs by switch probability (highest first), then by age (Alg. 1 line 15 order)."""
+        if self._order is None:
+            self._order = sorted(self._jobs.values(), key=lambda j: (-j.switch_prob, j.seq))
+        return self._order
+
+    def runnable(self, n_min: int, min_switch_prob: float = 0.0) -> Iterator[ShadowJob]:
+        """Jobs with at least `n_min` pending whole-page tokens (smaller chunks are deferred) and a
+        switch probability of at least `min_switch_prob` (the Predictive gate), in order."""
+        bs = self.block_size
+        need = max(n_min, 1)
+        for job in self.ordered():
+            if job.switch_prob < min_switch_prob:
+                break
+            if job.pending_tokens(bs) >= need:
+                yield job
+
+    def has_runnable(self, n_min: int, min_switch_prob: float = 0.0) -> bool:
+        return next(self.runnable(n_min, min_switch_prob), None) is not None
+
+    def pending_tokens(self) -> int:
+        """Whole-page tokens not yet cached, over all jobs."""
+        return sum(j.pending_tokens(self.block_size) for j in self._jobs.values())

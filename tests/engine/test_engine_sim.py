@@ -1,0 +1,222 @@
+"""The engine on a virtual clock with the SimulatedExecutor: the discrete-event API, safety of shadow
+work (a routed call waits at most one capped iteration; shadow iterations stay within their budget),
+credit accounting, has_work, host-tier reload time."""
+import pytest
+
+from shadowprefill.engine.clock import VirtualClock, WallClock
+from shadowprefill.engine.config import EngineConfig
+from shadowprefill.engine.executor import SimulatedExecutor
+from shadowprefill.engine.llm_engine import LLMEngine
+
+W = (2e-3, 2e-5, 1e-9, 1e-4, 1e-8)
+
+
+class LinearLatency:
+    """Exactly linear in the predictor's features, so predicted and simulated times agree."""
+
+    def __init__(self, reload_s_per_token=None):
+        if reload_s_per_token is not None:
+            self.reload_time = lambda tokens: reload_s_per_token * tokens
+
+    def iteration_time(self, prefill, decode_contexts):
+        return (W[0] + W[1] * sum(n for n, _ in prefill) + W[2] * sum(n * (c + n) for n, c in prefill)
+                + W[3] * len(decode_contexts) + W[4] * sum(decode_contexts))
+
+
+def toks(n, salt):
+    return [(salt * 37 + 11 * i) % 1000 for i in range(n)]
+
+
+def engine(mode="none", **cfg):
+    cfg.setdefault("num_blocks", 4096)
+    return LLMEngine(SimulatedExecutor(LinearLatency()), EngineConfig(shadow_mode=mode, tpot_slo_s=0.05, **cfg))
+
+
+def test_clock_defaults_and_virtual_clock():
+    e = engine()
+    assert isinstance(e.clock, VirtualClock) and e.clock.now() == 0.0
+    c = VirtualClock(5.0)
+    c.advance(0.5)
+    c.advance_to(7.0)
+    assert c.now() == 7.0
+    with pytest.raises(ValueError):
+        c.advance(-1.0)
+    with pytest.raises(ValueError):
+        c.advance_to(6.0)
+    w = WallClock()
+    t0 = w.now()
+    w.advance(100.0)                                            # wall time is not moved by hand
+    assert 0 <= w.now() - t0 < 50
+
+
+def test_discrete_event_api_and_timing_fields():
+    e = engine()
+    e.clock.advance_to(1.0)
+    r = e.add_request("a", toks(100, 1), 3, ttft_slo=2.0, tpot_slo=0.1)
+    it = e.schedule_step()
+    assert it.start == 1.0 and it.duration == pytest.approx(LinearLatency().iteration_time([(100, 0)], []))
+    with pytest.raises(RuntimeError):
+        e.schedule_step()
+    e.clock.advance_to(1.0 + it.duration)
+    outs = e.complete_step(it)
+    assert outs[0].first_token_time == pytest.approx(1.0 + it.duration)
+    assert outs[0].ttft == pytest.approx(it.duration)
+    assert r.ttft_deadline == pytest.approx(1.0 + 0.9 * 2.0)
+    while e.has_work():
+        e.step()
+    assert r.finish_time == pytest.approx(e.clock.now())
+    assert e.stats.busy_time_s == pytest.approx(e.clock.now() - 1.0)
+
+
+def first_token_time(e, arrival, prompt):
+    """Run e's iterations until `arrival`, add the routed call then (mid-iteration if one is running),
+    and return (time of its first token, iterations it took)."""
+    while True:
+        it = e.schedule_step()
+        if it is None or it.start + it.duration > arrival:
+            break
+        e.clock.advance(it.duration)
+        e.complete_step(it)
+    e.clock.advance_to(arrival)
+    e.add_request("call", prompt, 2, priority="routed", session_id="other")
+    if it is not None:                                          # arrived mid-iteration: it finishes first
+        e.clock.advance_to(it.start + it.duration)
+        e.complete_step(it)
+    iterations = 0
+    while True:
+        iterations += 1
+        outs = {o.request_id: o for o in e.step()}
+        if "call" in outs:
+            return outs["call"].first_token_time, iterations
+
+
+@pytest.mark.parametrize("arrival", [0.0031, 0.05, 0.2])
+def test_routed_call_waits_at_most_one_capped_iteration(arrival):
+    prompt = toks(700, 5)
+    base = engine("none")
+    t_base, it_base = first_token_time(base, arrival, prompt)
+    e = engine("harvest-slo", n_min=64)
+    for i in range(6):
+        e.add_shadow(f"s{i}", toks(3000, 10 + i), switch_prob=0.1 * i)
+    t_shadow, it_shadow = first_token_time(e, arrival, prompt)
+    assert e.stats.shadow_tokens > 0
+    assert it_shadow == it_base                                  # no extra iteration once it is queued
+    assert t_base <= t_shadow <= t_base + e.controller.cap + 1e-12
+
+
+def test_shadow_iterations_stay_within_budget_under_load():
+    e = engine("harvest-slo", n_min=32, token_budget=512)
+    reqs = [e.add_request(f"n{i}", toks(200 + 50 * i, i), 60, tpot_slo=0.02 + 0.002 * i) for i in range(12)]
+    e.add_request("routed", toks(300, 99), 10, priority="routed")
+    for i in range(4):
+        e.add_shadow(f"s{i}", toks(5000, 50 + i))
+    lat = LinearLatency()
+    branches = set()
+    while e.has_work():
+        it = e.schedule_step()
+        if it is None:
+            break
+        b = it.batch
+        if b.shadow_chunks:
+            branch, budget = e.controller.last_branch, e.controller.last_budget
+            branches.add(branch)
+            if branch == "credit":                              # shadow's added time within the credit
+                added = it.duration - lat.iteration_time(b.prefill_list(False), b.decode_contexts())
+                assert added <= budget + 1e-12
+            else:                                               # the whole iteration within min slack / βT
+                assert it.duration <= budget + 1e-12
+                assert it.duration <= e.controller.cap + 1e-12
+        e.clock.advance(it.duration)
+        e.complete_step(it)
+    assert all(r.is_finished for r in reqs)
+    assert e.stats.shadow_tokens > 0
+    assert "slo" in branches
+    st = e.stats
+    assert st.credit_spent_s <= st.credit_earned_s + 1e-12
+
+
+def test_credit_lets_shadow_ride_routed_decodes():
+    e = engine("harvest-slo", n_min=32)
+    e.add_request("routed", toks(100, 1), 400, priority="routed")
+    e.add_shadow("s", toks(4000, 2))
+    decode_only_time = 0.0
+    while e.has_work():
+        it = e.schedule_step()
+        if it is None:
+            break
+        if it.batch.is_decode_only:
+            decode_only_time += it.duration
+        e.clock.advance(it.duration)
+        e.complete_step(it)
+    st = e.stats
+    assert st.budget_branches["credit"] > 0
+    assert st.credit_earned_s == pytest.approx(0.025 * decode_only_time)   # δ x decode-only time
+    assert 0 < st.credit_spent_s <= st.credit_earned_s + 1e-12             # routed slowdown <= δ
+    assert st.shadow_tokens > 0
+
+
+def test_has_work_stalls_and_rearms():
+    e = engine("harvest-slo", n_min=256)
+    e.add_shadow("s", toks(200, 1))                             # 192 pending < n_min: deferred
+    assert not e.has_work()
+    assert e.step() == []
+    e.add_shadow("s", toks(390, 1))                             # grows past n_min
+    assert e.has_work()
+    e.step()
+    assert e.stats.shadow_tokens == 384
+    assert not e.has_work()
+    # mode none ignores shadow work
+    n = engine("none")
+    n.add_shadow("s", toks(400, 1))
+    assert not n.has_work()
+
+
+def test_switch_call_cancels_its_shadow_job():
+    e = engine("harvest-slo", n_min=16, idle_cap_s=0.002 + 20 * 16 * 2e-5)   # ~20 pages per iteration
+    e.add_shadow("s", toks(3000, 1))
+    e.step()
+    done = e.stats.shadow_tokens
+    assert 0 < done < 2992
+    r = e.add_request("switch", toks(3000, 1) + toks(10, 2), 1, priority="routed", session_id="s")
+    assert "s" not in e.jobs
+    while e.has_work():
+        e.step()
+    assert r.num_cached_tokens == done                          # partial shadow: cold fallback for the tail
+    assert e.stats.shadow_tokens == done
+
+
+def test_reload_time_hook_adds_host_transfer():
+    lat = LinearLatency(reload_s_per_token=1e-6)
+    e = LLMEngine(SimulatedExecutor(lat), EngineConfig(num_blocks=12, token_budget=512, host_tier_gib=1e-3,
+                                                       page_bytes=4096, tpot_slo_s=0.05))
+    e.add_request("a", toks(70, 1), 1)
+    while e.has_work():
+        e.step()
+    for i in range(3):
+        e.add_request(f"x{i}", toks(150, 10 + i), 1)
+        while e.has_work():
+            e.step()
+    r = e.add_request("b", toks(70, 1) + toks(20, 3), 1)
+    it = e.schedule_step()
+    assert it.batch.reload_tokens == 64
+    want = lat.iteration_time(it.batch.prefill_list(), it.batch.decode_contexts()) + 64 * 1e-6
+    assert it.duration == pytest.approx(want)
+    e.clock.advance(it.duration)
+    e.complete_step(it)
+    assert r.num_host_cached_tokens == 64 and r.num_cached_tokens == 64
+
+
+def test_eager_shadow_competes_as_normal_traffic():
+    e = engine("eager")
+    e.add_shadow("s", toks(3000, 1))
+    e.add_request("n", toks(100, 2), 3)
+    it = e.schedule_step()
+    # the shadow request arrived first and takes the whole token budget: the normal request waits
+    assert [(r.request_id.startswith("__shadow__"), n) for r, n in it.batch.prefills] == [(True, 2048)]
+    assert it.batch.waiting_nonempty and it.batch.shadow_chunks == []
+    e.clock.advance(it.duration)
+    e.complete_step(it)
+    while e.has_work():
+        e.step()
+    assert e.stats.eager_shadow_tokens == 3000
+    assert e.stats.requests_finished == 1

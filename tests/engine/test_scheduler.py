@@ -1,0 +1,196 @@
+"""Scheduler order, limits and preemption, on the engine with a SimulatedExecutor (no tensors)."""
+import pytest
+
+from shadowprefill.engine.config import EngineConfig
+from shadowprefill.engine.executor import SimulatedExecutor
+from shadowprefill.engine.llm_engine import LLMEngine
+from shadowprefill.engine.predictor import SimpleLatencyModel
+from shadowprefill.engine.request import RequestStatus
+
+
+def sim_engine(**cfg):
+    return LLMEngine(SimulatedExecutor(SimpleLatencyModel()), EngineConfig(**cfg))
+
+
+def toks(n, salt):
+    return [(salt * 31 + 7 * i) % 1000 for i in range(n)]
+
+
+def one_step(engine):
+    it = engine.schedule_step()
+    if it is None:
+        return None
+    engine.clock.advance(it.duration)
+    engine.complete_step(it)
+    return it.batch
+
+
+def ids(reqs):
+    return [r.request_id for r in reqs]
+
+
+def test_admission_order_routed_then_arrival_under_budget():
+    e = sim_engine(num_blocks=256, token_budget=100)
+    for i, (rid, prio) in enumerate([("n1", "normal"), ("n2", "normal"), ("r1", "routed"), ("r2", "routed")]):
+        e.add_request(rid, toks(30, i), 5, priority=prio)
+    b = one_step(e)
+    assert [(r.request_id, n) for r, n in b.prefills] == [("r1", 30), ("r2", 30), ("n1", 30), ("n2", 10)]
+    assert b.num_tokens == 100 and b.has_routed and not b.waiting_nonempty
+    assert ids(b.samples) == ["r1", "r2", "n1"]                 # n2's chunk does not finish its prompt
+    # next iteration: decodes first, then the in-flight chunk, then admissions
+    e.add_request("r3", toks(50, 9), 5, priority="routed")
+    b = one_step(e)
+    assert ids(b.decodes) == ["r1", "r2", "n1"]
+    assert [(r.request_id, n) for r, n in b.prefills] == [("n2", 20), ("r3", 50)]
+    assert b.num_tokens == 73
+
+
+def test_in_flight_prefill_before_admission_and_budget_exhaustion():
+    e = sim_engine(num_blocks=256, token_budget=32)
+    e.add_request("long", toks(100, 1), 3)
+    b = one_step(e)
+    assert [(r.request_id, n) for r, n in b.prefills] == [("long", 32)]
+    e.add_request("routed", toks(10, 2), 3, priority="routed")
+    b = one_step(e)
+    assert [(r.request_id, n) for r, n in b.prefills] == [("long", 32)]   # in-flight chunk takes the budget
+    assert b.waiting_nonempty and not b.admission_blocked
+
+
+def test_max_seqs():
+    e = sim_engine(num_blocks=256, token_budget=1000, max_seqs=2)
+    for i in range(4):
+        e.add_request(f"r{i}", toks(10, i), 3)
+    b = one_step(e)
+    assert ids(r for r, _ in b.prefills) == ["r0", "r1"]
+    assert b.waiting_nonempty
+    b = one_step(e)
+    assert ids(b.decodes) == ["r0", "r1"] and not b.prefills
+
+
+def test_kv_exhaustion_preempts_normal_newest_first_never_routed():
+    # 6 pages; three 30-token requests hold 2 pages each; their 3rd page forces preemption
+    e = sim_engine(num_blocks=6, token_budget=1000)
+    n_old = e.add_request("n_old", toks(30, 1), 10)
+    r = e.add_request("r", toks(30, 2), 10, priority="routed")
+    n_new = e.add_request("n_new", toks(30, 3), 10)
+    one_step(e)
+    preempted = []
+    while e.has_work():
+        preempted += ids(one_step(e).preempted)
+    assert preempted[0] == "n_new"
+    assert r.num_preemptions == 0 and n_new.num_preemptions >= 1
+    assert all(q.is_finished and len(q.output_token_ids) == 10 for q in (n_old, r, n_new))
+
+
+def test_lowest_ranked_request_preempts_itself():
+    e = sim_engine(num_blocks=4, token_budget=1000)
+    a = e.add_request("a", toks(20, 1), 8)                     # 2 pages, room up to 32 tokens
+    b = e.add_request("b", toks(30, 2), 8)                     # 2 pages, needs a 3rd at token 32
+    one_step(e)
+    preempted = []
+    while e.has_work():
+        preempted += ids(one_step(e).preempted)
+    assert preempted[0] == "b" and a.num_preemptions == 0
+    assert a.is_finished and b.is_finished and len(b.output_token_ids) == 8
+
+
+def test_routed_admission_preempts_running_normal():
+    e = sim_engine(num_blocks=6, token_budget=1000)
+    n = e.add_request("n", toks(90, 1), 6)                     # 6 pages: the whole pool
+    one_step(e)
+    r = e.add_request("r", toks(20, 2), 5, priority="routed")
+    b = one_step(e)
+    assert ids(b.preempted) == ["n"] and ids(rq for rq, _ in b.prefills) == ["r"]
+    assert n.status is RequestStatus.WAITING
+    assert b.waiting_nonempty                                  # n waits again
+
+
+def test_normal_admission_never_preempts_and_blocks_shadow():
+    e = sim_engine(num_blocks=4, token_budget=1000, shadow_mode="harvest-slo", n_min=16, idle_cap_s=1.0)
+    e.add_request("a", toks(60, 1), 4)                         # 4 pages: the whole pool
+    one_step(e)
+    e.add_request("b", toks(30, 2), 5)
+    e.add_shadow("s", toks(500, 3))
+    b = one_step(e)
+    assert b.admission_blocked and not b.preempted and b.shadow_chunks == []
+    assert e.controller.last_branch == "blocked"
+
+
+def test_shadow_pages_never_cause_preemption():
+    e = sim_engine(num_blocks=64, token_budget=256, shadow_mode="harvest-slo", n_min=16, idle_cap_s=1.0)
+    for i in range(4):
+        e.add_shadow(f"s{i}", toks(300, 10 + i))
+    while e.has_work():
+        one_step(e)
+    assert e.pool.stats.shadow_cached_blocks == 16             # the capped shadow class is full
+    reqs = [e.add_request(f"r{i}", toks(200, i), 40, priority="normal") for i in range(4)]   # 4 x 15 pages
+    while e.has_work():
+        one_step(e)
+    assert e.stats.preemptions == 0
+    assert e.pool.stats.shadow_evictions > 0
+    assert all(len(r.output_token_ids) == 40 for r in reqs)
+
+
+def test_eq1_deadline_bookkeeping():
+    e = sim_engine(num_blocks=256, token_budget=64, margin=0.2)
+    reqs = [e.add_request(f"r{i}", toks(20 + 30 * i, i), 12, tpot_slo=0.03 + 0.01 * i) for i in range(3)]
+    for _ in range(8):
+        one_step(e)
+        for r in reqs:
+            if r.first_token_time is not None and not r.is_finished:
+                k = len(r.output_token_ids) - 1
+                assert r.num_decode_iters == k
+                assert r.tpot_deadline == pytest.approx(r.first_token_time + 0.8 * r.tpot_slo * (k + 1))
+            assert r.ttft_deadline == pytest.approx(r.arrival_time + 0.8 * r.ttft_slo)
+
+
+def test_abort_releases_pages():
+    e = sim_engine(num_blocks=32, token_budget=64)
+    e.add_request("a", toks(100, 1), 5)
+    e.add_request("b", toks(10, 2), 5)
+    one_step(e)
+    e.abort_request("a")
+    e.abort_request("b")
+    assert not e.has_work()
+    assert e.pool.stats.normal_in_use_blocks == 0
+    with pytest.raises(KeyError):
+        e.abort_request("a")
+
+
+def test_add_request_validation():
+    e = sim_engine(num_blocks=8)
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        e.add_request("x", [], 3)
+    with pytest.raises(ValueError, match="max_tokens"):
+        e.add_request("x", [1], 0)
+    with pytest.raises(ValueError, match="priority"):
+        e.add_request("x", [1], 1, priority="urgent")
+    with pytest.raises(ValueError, match="priority"):
+        e.add_request("x", [1], 1, priority="shadow")
+    with pytest.raises(ValueError, match="ttft_slo"):
+        e.add_request("x", [1], 1, ttft_slo=-1.0)
+    with pytest.raises(TypeError, match="request_id"):
+        e.add_request(3, [1], 1)
+    with pytest.raises(ValueError, match="KV pool"):                 # 8 pages of 16 tokens
+        e.add_request("x", [1] * 100, 29)
+    e.add_request("x", [1], 1)
+    with pytest.raises(ValueError, match="already"):
+        e.add_request("x", [1], 1)
+    with pytest.raises(TypeError, match="config"):
+        LLMEngine(SimulatedExecutor(SimpleLatencyModel()), {"num_blocks": 8})
+    with pytest.raises(TypeError, match="model_or_executor"):
+        LLMEngine(object(), EngineConfig(num_blocks=8))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="shadow_mode"):
+        EngineConfig(num_blocks=8, shadow_mode="lazy")
+    with pytest.raises(ValueError, match="num_blocks"):
+        EngineConfig(num_blocks=0)
+    with pytest.raises(TypeError, match="beta"):
+        EngineConfig(num_blocks=8, beta="half")
+    with pytest.raises(ValueError, match="margin"):
+        EngineConfig(num_blocks=8, margin=1.0)
+    assert EngineConfig(num_blocks=8, shadow_mode="harvest").effective_delta == 0.1
+    assert EngineConfig(num_blocks=8, shadow_mode="harvest-slo").effective_delta == 0.025
+    assert EngineConfig(num_blocks=8, shadow_mode="harvest", delta=0.3).effective_delta == 0.3

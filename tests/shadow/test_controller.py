@@ -1,0 +1,316 @@
+"""The controller's budget against a hand computation of Algorithm 1 and Eq. 1 on constructed batches:
+every branch (waiting queue / blocked admission, idle, routed credit, SLO slack of decodes and of
+prefilling requests), the KV cap (line 11), n_min (line 12), job order (line 15), credit accrual."""
+import math
+
+import pytest
+
+from shadowprefill.engine.config import EngineConfig
+from shadowprefill.engine.predictor import IterationPredictor
+from shadowprefill.engine.request import Priority, Request
+from shadowprefill.engine.scheduler import ScheduledBatch
+from shadowprefill.kv.block_pool import BlockPool
+from shadowprefill.shadow.controller import ShadowController
+from shadowprefill.shadow.jobs import ShadowJobQueue
+
+BS = 16
+W = (2e-3, 2e-5, 1e-9, 1e-4, 1e-8)       # true iteration-time coefficients of the fake latency model
+T = 0.05                                  # TPOT SLO (s): βT = 25 ms
+M = 0.1                                   # SLO margin
+
+
+class LinearLatency:
+    """t = w0 + w1·P + w2·Σ n(c+n) + w3·D + w4·Σ ctx, computed here independently of the predictor."""
+
+    def iteration_time(self, prefill, decode_contexts):
+        p = sum(n for n, _ in prefill)
+        pc = sum(n * (c + n) for n, c in prefill)
+        return W[0] + W[1] * p + W[2] * pc + W[3] * len(decode_contexts) + W[4] * sum(decode_contexts)
+
+
+def t_hat(prefill, decode_contexts):
+    return LinearLatency().iteration_time(prefill, decode_contexts)
+
+
+def make(mode="harvest-slo", num_blocks=1024, n_min=64, token_budget=2048, idle_cap_s=None, shadow_fraction=0.25,
+         max_seqs=256):
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=BS, token_budget=token_budget, shadow_mode=mode,
+                       n_min=n_min, margin=M, tpot_slo_s=T, idle_cap_s=idle_cap_s, shadow_fraction=shadow_fraction,
+                       max_seqs=max_seqs)
+    pool = BlockPool(num_blocks, BS, shadow_fraction=shadow_fraction)
+    jobs = ShadowJobQueue(BS)
+    ctl = ShadowController(cfg, IterationPredictor(LinearLatency()), jobs, pool)
+    return ctl, pool, jobs
+
+
+def tokens(n, salt=0):
+    return [(7 * i + 13 * salt + 1) % 500 for i in range(n)]
+
+
+def precache(pool, toks, now=0.0):
+    """Put toks' whole pages into the prefix cache (as a finished request would)."""
+    blocks = pool.allocate(len(toks) // BS, now=now)
+    pool.commit(blocks, toks, now=now)
+    pool.release(blocks, now=now)
+
+
+def decoding(rid, ctx, f, k, tpot, prio=Priority.NORMAL):
+    r = Request(rid, [1] * ctx, 100, prio, arrival_time=0.0, arrival_seq=0, tpot_slo=tpot)
+    r.all_token_ids.append(2)
+    r.output_token_ids.append(2)
+    r.num_computed_tokens = ctx
+    r.first_token_time, r.num_decode_iters = f, k
+    r.tpot_deadline = f + (1 - M) * tpot * (k + 1)      # Eq. 1 bookkeeping (checked in the engine tests)
+    return r
+
+
+def prefilling(rid, prompt_len, computed, arrival, ttft, prio=Priority.NORMAL):
+    r = Request(rid, [1] * prompt_len, 100, prio, arrival_time=arrival, arrival_seq=0, ttft_slo=ttft)
+    r.num_computed_tokens = computed
+    r.ttft_deadline = arrival + (1 - M) * ttft
+    return r
+
+
+def batch_of(now, decodes=(), prefills=()):
+    b = ScheduledBatch(now)
+    b.decodes = list(decodes)
+    b.prefills = list(prefills)
+    b.num_tokens = len(b.decodes) + sum(n for _, n in b.prefills)
+    b.has_routed = any(r.priority is Priority.ROUTED for r in b.decodes + [r for r, _ in b.prefills])
+    return b
+
+
+def batch_shape(batch):
+    return [(n, r.num_computed_tokens) for r, n in batch.prefills], [r.num_computed_tokens + 1 for r in batch.decodes]
+
+
+def hand_tokens(b, *, base, cached, pending, room, n_min):
+    """Alg. 1 lines 10-12 by brute force over whole-page chunk sizes: largest k with base + added(k) <= b,
+    at most `room` (KV / token room), 0 if below n_min."""
+    best = 0
+    for k in range(BS, min(pending, room) + 1, BS):
+        if base + W[1] * k + W[2] * k * (cached + k) <= b:
+            best = k
+    return best if best >= max(n_min, 1) else 0
+
+
+def planned(chunks):
+    return sum(c.num_new for c in chunks)
+
+
+# ------------------------------------------------------------------------------------------ line 1-2
+@pytest.mark.parametrize("why", ["waiting", "blocked"])
+def test_zero_when_waiting_or_blocked(why):
+    ctl, pool, jobs = make()
+    jobs.upsert("s", tokens(4096), now=0.0)
+    b = batch_of(1.0)
+    b.waiting_nonempty = why == "waiting"
+    b.admission_blocked = why == "blocked"
+    assert ctl.budget(b, 1.0) == (0.0, "blocked")
+    assert ctl.plan(b, 1.0) == []
+    assert pool.stats.lookups == 0 and pool.num_free_blocks == 1024
+
+
+# ------------------------------------------------------------------------------------------ line 3-4
+@pytest.mark.parametrize("cached", [0, 1024])
+def test_idle_budget_is_beta_T(cached):
+    ctl, pool, jobs = make()
+    hist = tokens(4096)
+    precache(pool, hist[:cached])
+    jobs.upsert("s", hist, now=0.0)
+    b = batch_of(1.0)
+    assert ctl.budget(b, 1.0) == (pytest.approx(0.5 * T), "idle")
+    chunks = ctl.plan(b, 1.0)
+    want = hand_tokens(0.5 * T, base=W[0], cached=cached, pending=4096 - cached, room=min(2048, 256 * BS),
+                       n_min=64)
+    assert want > 0
+    assert planned(chunks) == want
+    assert len(chunks) == 1 and chunks[0].start == cached
+    assert W[0] + W[1] * want + W[2] * want * (cached + want) <= 0.5 * T
+    assert all(pool.is_shadow(x) for x in chunks[0].block_ids[cached // BS:])
+
+
+def test_idle_cap_override():
+    ctl, pool, jobs = make(idle_cap_s=0.010)
+    jobs.upsert("s", tokens(4096), now=0.0)
+    assert ctl.budget(batch_of(1.0), 1.0) == (0.010, "idle")
+    assert planned(ctl.plan(batch_of(1.0), 1.0)) == hand_tokens(0.010, base=W[0], cached=0, pending=4096,
+                                                                 room=2048, n_min=64)
+
+
+# ------------------------------------------------------------------------------------------ line 5-6
+@pytest.mark.parametrize("credit", [0.005, 0.100, 0.0005])
+def test_routed_call_spends_credit(credit):
+    ctl, pool, jobs = make()
+    jobs.upsert("s", tokens(4096), now=0.0)
+    ctl.credit = credit
+    routed = decoding("r", 300, f=0.0, k=0, tpot=T, prio=Priority.ROUTED)
+    normal = decoding("n", 500, f=0.9, k=1, tpot=T)
+    b = batch_of(1.0, decodes=[routed, normal])
+    b_sec = min(credit, 0.5 * T)
+    assert ctl.budget(b, 1.0) == (pytest.approx(b_sec), "credit")
+    chunks = ctl.plan(b, 1.0)
+    # the credit pays only for the time the shadow adds: t̂(B+n) - t̂(B) <= b
+    want = hand_tokens(b_sec, base=0.0, cached=0, pending=4096, room=2048 - 2, n_min=64)
+    assert planned(chunks) == want
+    added = W[1] * want + W[2] * want * want
+    assert ctl.credit == pytest.approx(credit - added)
+    assert ctl.credit >= 0
+
+
+def test_harvest_uses_credit_on_every_busy_iteration():
+    ctl, pool, jobs = make(mode="harvest")
+    jobs.upsert("s", tokens(4096), now=0.0)
+    ctl.credit = 0.004
+    b = batch_of(1.0, decodes=[decoding("n", 500, f=0.9, k=1, tpot=T)])     # normal traffic only
+    assert ctl.budget(b, 1.0) == (pytest.approx(0.004), "credit")
+    assert planned(ctl.plan(b, 1.0)) == hand_tokens(0.004, base=0.0, cached=0, pending=4096, room=2047, n_min=64)
+    assert ctl.budget(batch_of(2.0), 2.0) == (pytest.approx(0.5 * T), "idle")
+
+
+# ------------------------------------------------------------------------------------------ line 7-8
+def test_slo_slack_of_decodes_eq1():
+    ctl, pool, jobs = make(n_min=16)
+    jobs.upsert("s", tokens(4096), now=0.0)
+    now = 10.0
+    decs = [decoding("a", 100, f=9.0, k=40, tpot=T),       # σ = 0.9·0.05·41 - 1.0 = 0.845 s
+            decoding("b", 2000, f=9.5, k=10, tpot=T),      # σ = 0.9·0.05·11 - 0.5 = -0.005 s
+            decoding("c", 700, f=9.99, k=0, tpot=T)]       # σ = 0.045 - 0.01 = 0.035 s
+    sigmas = [(1 - M) * r.tpot_slo * (r.num_decode_iters + 1) - (now - r.first_token_time) for r in decs]
+    b = batch_of(now, decodes=decs)
+    assert ctl.min_slack(b, now) == pytest.approx(min(sigmas))
+    assert ctl.budget(b, now)[1] == "slo"
+    assert ctl.plan(b, now) == []                          # the late request blocks shadow work
+
+    decs[1] = decoding("b", 2000, f=9.5, k=12, tpot=T)     # σ = 0.9·0.05·13 - 0.5 = 0.085 s
+    decs[2] = decoding("c", 700, f=9.99, k=0, tpot=0.03)   # σ = 0.027 - 0.01 = 0.017 s
+    b = batch_of(now, decodes=decs)
+    b_sec = min(0.5 * T, 0.9 * 0.05 * 13 - 0.5, 0.9 * 0.03 - 0.01)
+    assert ctl.budget(b, now) == (pytest.approx(b_sec), "slo")
+    base = t_hat(*batch_shape(b))
+    want = hand_tokens(b_sec, base=base, cached=0, pending=4096, room=2048 - 3, n_min=16)
+    assert want > 0
+    assert planned(ctl.plan(b, now)) == want
+
+
+def test_slo_slack_of_prefilling_request():
+    ctl, pool, jobs = make(n_min=16, token_budget=1024)
+    jobs.upsert("s", tokens(4096), now=0.0)
+    now = 5.0
+    # prompt 3000 tokens, 1000 computed, a 400-token chunk now: 1600 tokens remain after it (2 chunks).
+    pre = prefilling("p", 3000, 1000, arrival=4.9, ttft=0.18)
+    dec = decoding("d", 100, f=4.0, k=30, tpot=T)          # σ = 0.9·0.05·31 - 1 = 0.395 s
+    b = batch_of(now, decodes=[dec], prefills=[(pre, 400)])
+    p_hat, done = 0.0, 1400
+    while done < 3000:                                     # later chunks, one iteration each
+        n = min(1024, 3000 - done)
+        p_hat += W[0] + W[1] * n + W[2] * n * (done + n)
+        done += n
+    slack = (1 - M) * 0.18 - (now - 4.9) - p_hat
+    assert 0 < slack < 0.5 * T                            # the prefilling request's slack binds
+    assert ctl.min_slack(b, now) == pytest.approx(min(slack, 0.9 * 0.05 * 31 - 1.0))
+    b_sec = min(0.5 * T, slack, 0.395)
+    assert ctl.budget(b, now) == (pytest.approx(b_sec), "slo")
+    base = t_hat(*batch_shape(b))
+    want = hand_tokens(b_sec, base=base, cached=0, pending=4096, room=1024 - 401, n_min=16)
+    assert 0 < want < 1024 - 401 - BS                     # ... and time, not tokens, limits the chunk
+    assert planned(ctl.plan(b, now)) == want
+
+
+# ----------------------------------------------------------------------------------- line 11 and 12
+def test_kv_cap_limits_tokens():
+    ctl, pool, jobs = make(num_blocks=64)                  # shadow cap: 16 pages = 256 tokens
+    jobs.upsert("s", tokens(4096), now=0.0)
+    assert ctl.free_shadow_blocks(1.0) == 16
+    chunks = ctl.plan(batch_of(1.0), 1.0)
+    assert planned(chunks) == 256
+    assert hand_tokens(0.5 * T, base=W[0], cached=0, pending=4096, room=2048, n_min=64) > 256
+    # the shadow class is full of in-flight pages now: nothing more fits
+    ctl.branch_counts["idle"] = 0
+    assert ctl.plan(batch_of(1.0), 1.0) == []
+
+
+def test_n_min_defers_small_chunks():
+    # βT-budget allows ~ (cap - w0) / w1 tokens: pick caps just below and above n_min = 256
+    below = W[0] + W[1] * 255 + W[2] * 255 * 255
+    above = W[0] + W[1] * 256 + W[2] * 256 * 256
+    ctl, pool, jobs = make(n_min=256, idle_cap_s=below)
+    jobs.upsert("s", tokens(4096), now=0.0)
+    assert ctl.plan(batch_of(1.0), 1.0) == []
+    assert pool.num_free_blocks == 1024                    # nothing taken
+    ctl, pool, jobs = make(n_min=256, idle_cap_s=above * (1 + 1e-9))
+    jobs.upsert("s", tokens(4096), now=0.0)
+    assert planned(ctl.plan(batch_of(1.0), 1.0)) == 256
+    # a job with fewer pending tokens than n_min is deferred
+    ctl, pool, jobs = make(n_min=256)
+    jobs.upsert("small", tokens(250), now=0.0)
+    assert ctl.plan(batch_of(1.0), 1.0) == []
+
+
+# ----------------------------------------------------------------------------------------- line 15
+def test_jobs_taken_by_switch_probability():
+    ctl, pool, jobs = make(n_min=16)
+    jobs.upsert("low", tokens(4096, 1), now=0.0, switch_prob=0.2)
+    jobs.upsert("high", tokens(160, 2), now=0.0, switch_prob=0.9)
+    chunks = ctl.plan(batch_of(1.0), 1.0)
+    assert [c.job.session_id for c in chunks] == ["high", "low"]
+    assert chunks[0].num_new == 160
+    # the second job gets what is left of the budget after the first chunk
+    base = W[0] + W[1] * 160 + W[2] * 160 * 160
+    assert chunks[1].num_new == hand_tokens(0.5 * T, base=base, cached=0, pending=4096, room=2048 - 160, n_min=16)
+
+
+def test_predictive_gate():
+    ctl, pool, jobs = make(n_min=16)
+    ctl.config.shadow_min_switch_prob = 0.25
+    jobs.upsert("low", tokens(512), now=0.0, switch_prob=0.2)
+    assert ctl.plan(batch_of(1.0), 1.0) == []
+
+
+def test_complete_registers_shadow_pages_and_advances_job():
+    ctl, pool, jobs = make(n_min=16)
+    hist = tokens(300)
+    jobs.upsert("s", hist, now=0.0)
+    chunks = ctl.plan(batch_of(1.0), 1.0)
+    assert planned(chunks) == 288
+    assert ctl.complete(chunks, 1.1) == 288
+    assert jobs.get("s").num_cached == 288 and jobs.get("s").pending_tokens(BS) == 0
+    assert pool.stats.shadow_cached_blocks == 18
+    assert pool.peek_prefix(hist) == (288, 0)
+
+
+# ------------------------------------------------------------------------------------------- credit
+def test_credit_accrual():
+    ctl, _, _ = make(mode="harvest-slo")
+    assert ctl.delta == 0.025
+    decode_only = batch_of(1.0, decodes=[decoding("d", 10, f=0.0, k=0, tpot=T)])
+    mixed = batch_of(1.0, decodes=[decoding("d", 10, f=0.0, k=0, tpot=T)],
+                     prefills=[(prefilling("p", 100, 0, 0.0, 1.0), 100)])
+    ctl.on_iteration_end(decode_only, 0.02)
+    ctl.on_iteration_end(mixed, 0.05)
+    ctl.on_iteration_end(batch_of(1.0), 0.01)
+    assert ctl.credit == pytest.approx(0.025 * 0.02)
+    h, _, _ = make(mode="harvest")
+    assert h.delta == 0.1
+    h.on_iteration_end(decode_only, 0.02)
+    h.on_iteration_end(mixed, 0.05)
+    h.on_iteration_end(batch_of(1.0), 0.01)                # idle: not busy
+    assert h.credit == pytest.approx(0.1 * 0.07)
+
+
+def test_mode_none_and_eager_never_budget():
+    for mode in ("none", "eager"):
+        ctl, _, jobs = make(mode=mode)
+        jobs.upsert("s", tokens(1024), now=0.0)
+        assert ctl.plan(batch_of(1.0), 1.0) == []
+
+
+def test_default_slos_follow_paper_rule():
+    cfg = EngineConfig(num_blocks=8, token_budget=2048)
+    ctl = ShadowController(cfg, IterationPredictor(LinearLatency()), ShadowJobQueue(BS), BlockPool(8, BS))
+    decode_1 = W[0] + W[3] + W[4] * 1024
+    assert ctl.tpot_slo == pytest.approx(max(0.025, 5 * decode_1))
+    isolated = sum(W[0] + W[1] * n + W[2] * n * (c + n) for n, c in [(2048, 0), (2048, 2048), (904, 4096)])
+    assert ctl.default_ttft_slo(5000) == pytest.approx(max(1.0, 5 * isolated))
+    assert ctl.default_ttft_slo(10) == 1.0
+    assert math.isclose(ctl.cap, 0.5 * ctl.tpot_slo)

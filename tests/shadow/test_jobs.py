@@ -1,0 +1,114 @@
+"""Shadow jobs: incremental progress, appends, superseding histories (longest common prefix), order by
+switch probability, n_min deferral, input validation."""
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shadowprefill.shadow.jobs import ShadowJobQueue, common_prefix_length
+
+BS = 16
+
+
+def naive_lcp(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=80), st.lists(st.integers(0, 3), max_size=80))
+def test_common_prefix_length_matches_naive(a, b):
+    assert common_prefix_length(a, b) == naive_lcp(a, b)
+    assert common_prefix_length(a, a + b) == len(a)
+
+
+def test_append_keeps_progress():
+    q = ShadowJobQueue(BS)
+    job = q.upsert("s", list(range(100)), now=0.0)
+    assert job.shadowable_tokens(BS) == 96 and job.pending_tokens(BS) == 96
+    job.num_cached = 64
+    q.upsert("s", list(range(150)), now=1.0)                # the new call's input: an extension
+    assert job.num_cached == 64 and job.pending_tokens(BS) == 144 - 64 and job.version == 0
+    q.extend("s", [7] * 30, now=2.0)                         # streamed output tokens
+    assert len(job.token_ids) == 180 and job.pending_tokens(BS) == 176 - 64
+    assert job.updated_at == 2.0
+
+
+def test_rewrite_keeps_whole_pages_of_common_prefix():
+    q = ShadowJobQueue(BS)
+    old = list(range(200))
+    job = q.upsert("s", old, now=0.0)
+    job.num_cached = 192
+    new = old[:70] + [999] * 50                              # LCP 70 -> 64 cached tokens survive
+    q.upsert("s", new, now=1.0)
+    assert job.token_ids == new
+    assert job.num_cached == 64 and job.version == 1
+    assert job.pending_tokens(BS) == 112 - 64
+    job.num_cached = 16                                      # a rewrite never raises the belief
+    q.upsert("s", new[:50] + [5] * 60, now=2.0)
+    assert job.num_cached == 16 and job.version == 2
+
+
+def test_order_by_switch_probability_then_age():
+    q = ShadowJobQueue(BS, default_switch_prob=0.5)
+    for sid, p in [("a", 0.3), ("b", None), ("c", 0.9), ("d", 0.5)]:
+        q.upsert(sid, [1] * 64, now=0.0, switch_prob=p)
+    assert [j.session_id for j in q.ordered()] == ["c", "b", "d", "a"]
+    q.set_switch_prob("a", 1.0)
+    assert [j.session_id for j in q.ordered()] == ["a", "c", "b", "d"]
+    q.remove("c")
+    assert [j.session_id for j in q.ordered()] == ["a", "b", "d"]
+    assert [j.session_id for j in q.runnable(0, min_switch_prob=0.6)] == ["a"]
+
+
+def test_runnable_defers_jobs_below_n_min():
+    q = ShadowJobQueue(BS)
+    q.upsert("small", [1] * 200, now=0.0, switch_prob=0.9)   # 192 pending
+    q.upsert("big", [2] * 300, now=0.0, switch_prob=0.1)     # 288 pending
+    assert [j.session_id for j in q.runnable(256)] == ["big"]
+    assert [j.session_id for j in q.runnable(16)] == ["small", "big"]
+    q.get("big").num_cached = 288
+    assert not q.has_runnable(256)
+    assert q.pending_tokens() == 192
+
+
+def test_random_histories_never_overstate_cache():
+    rng = random.Random(0)
+    q = ShadowJobQueue(BS)
+    hist = [rng.randrange(4) for _ in range(64)]
+    job = q.upsert("s", hist, now=0.0)
+    for step in range(200):
+        job.num_cached = job.shadowable_tokens(BS)           # pretend everything got computed
+        if rng.random() < 0.5:
+            hist = hist + [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        else:
+            cut = rng.randrange(len(hist) + 1)
+            hist = hist[:cut] + [rng.randrange(4) for _ in range(rng.randrange(0, 40))]
+        before = list(job.token_ids)
+        cached_before = job.num_cached
+        q.upsert("s", hist, now=float(step))
+        lcp = naive_lcp(before, hist)
+        assert job.num_cached == min(cached_before, lcp // BS * BS)   # whole pages of the common prefix
+        assert job.token_ids[:job.num_cached] == before[:job.num_cached]
+
+
+def test_validation():
+    q = ShadowJobQueue(BS)
+    with pytest.raises(TypeError, match="session_id"):
+        q.upsert("", [1], now=0.0)
+    with pytest.raises(ValueError, match="token_ids"):
+        q.upsert("s", [1, -2], now=0.0)
+    with pytest.raises(TypeError, match="token_ids"):
+        q.upsert("s", "abc", now=0.0)
+    with pytest.raises(ValueError, match="switch_prob"):
+        q.upsert("s", [1], now=0.0, switch_prob=1.5)
+    with pytest.raises(ValueError, match="block_size"):
+        ShadowJobQueue(0)
+    q.upsert("s", [1], now=0.0, tenant="t1")
+    with pytest.raises(ValueError, match="tenant"):
+        q.upsert("s", [1, 2], now=0.0, tenant="t2")
+    with pytest.raises(KeyError):
+        q.extend("missing", [1], now=0.0)
