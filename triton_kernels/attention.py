@@ -202,10 +202,11 @@ def launch_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_
         part_strides = (part_lse.stride(0), part_lse.stride(1), part_lse.stride(2))
     use_softcap = softcap > 0.0
     qk_scale = scale if use_softcap else scale * LOG2_E
-    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+    dot_precision = "tf32x3" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
     paged_attention_kernel[grid](
         q, kv_cache, block_table, cu_seqlens_q, seq_lens, out, part_out, part_lse,
-        num_seqs, layer * kv_cache.stride(1), qk_scale, float(softcap), int(sliding_window), plan.q_len_min, plan.q_len_max,
+        num_seqs, layer * kv_cache.stride(1), qk_scale, float(softcap), int(sliding_window),
+        plan.q_len_min, plan.q_len_max,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3), kv_cache.stride(4),
         block_table.stride(0), *part_strides,

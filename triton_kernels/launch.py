@@ -5,7 +5,8 @@ GQA ratio, block_table width, SM count), so choosing a launch never synchronises
 
 The tile sizes are starting points chosen from the usual FlashAttention-2 shapes for Hopper-class GPUs
 (128-row query tiles, 64-key tiles, 8 warps at head_dim 128); they are not yet tuned on a GPU: the
-numbers in bench/RESULTS.md, once measured, are the evidence for or against them.
+numbers in bench/RESULTS.md, once measured, are the evidence for or against them. Shared memory,
+registers and spills of every variant for sm_90: `python bench/sm90_compile_report.py` (no GPU needed).
 """
 import contextlib
 import functools
@@ -18,8 +19,6 @@ import torch
 CPU_SM_COUNT = 132          # what the CPU path (Triton interpreter) pretends: an H100/H200 SXM
 MIN_TOKENS_PER_SPLIT = 512  # a KV split shorter than this costs more in the reduce than it gains
 MAX_SPLITS = 64
-SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
-SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
 
 _forced_splits: Optional[int] = None
 
@@ -110,8 +109,9 @@ def attention_tile(head_dim: int, group: int, dtype: torch.dtype, decode: bool) 
     rows = max(rows, group_padded)
     block_n = 64 if head_dim_padded <= 128 else 32
     num_stages = 3 if head_dim_padded <= 128 else 2
-    if dtype == torch.float32:  # 4-byte tiles: halve the key tile and the pipeline to fit shared memory
+    if dtype == torch.float32:  # 4-byte tiles (and 3-pass tf32 dots): smaller tiles fit smem and registers
         block_n, num_stages = min(block_n, 32), 2
+        rows = max(min(rows, 64), group_padded)
     if decode:
         num_warps = 4
     else:

@@ -1,0 +1,179 @@
+"""Correctness part of bench/device_check.py: the Triton kernels against float64 / exact references.
+
+The attention reference here is written independently of the kernels: it gathers each sequence's K/V
+token by token through the block table into dense float64 tensors and applies the causal / window mask
+and softcap explicitly. Outputs are poisoned with NaN before each call; pages' unwritten tails hold NaN.
+Every input is random (never zeros) and fresh per check.
+"""
+import math
+
+import torch
+
+from shadowprefill import triton_kernels as tk
+from shadowprefill.triton_kernels import launch
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # rel. norm vs float64
+
+
+def make_batch(seqs, num_blocks, num_layers, num_kv_heads, num_q_heads, block_size, head_dim, dtype, device,
+               high_ids=False):
+    """Random batch for seqs = [(context, q_len)]; pages in random order (or the highest ids), NaN tails,
+    table padding pointing at an all-NaN page."""
+    lens = [c + n for c, n in seqs]
+    needed = [-(-n // block_size) for n in lens]
+    total = sum(needed) + 1
+    shape = (num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim)
+    if high_ids:  # the highest ids of a mostly untouched pool (lazily committed on the CPU)
+        ids = torch.randperm(total) + (num_blocks - total)
+        pool = torch.empty(shape, dtype=dtype, device=device)
+        pool[ids.to(device)] = torch.randn((total,) + shape[1:], device=device).to(dtype)
+    else:
+        ids = torch.randperm(num_blocks)[:total]
+        pool = torch.randn(shape, device=device).to(dtype)
+    ids = ids.tolist()
+    nan_page = ids[-1]
+    pool[nan_page] = float("nan")
+    table = torch.full((len(seqs), max(needed) + 1), nan_page, dtype=torch.int32)
+    used = 0
+    for s, length in enumerate(lens):
+        table[s, :needed[s]] = torch.tensor(ids[used:used + needed[s]], dtype=torch.int32)
+        used += needed[s]
+        valid = length - (needed[s] - 1) * block_size
+        pool[int(table[s, needed[s] - 1]), :, :, :, valid:] = float("nan")  # unwritten tail
+    q_lens = [n for _, n in seqs]
+    cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+    q = torch.randn(sum(q_lens), num_q_heads, head_dim, device=device, dtype=torch.float32).to(dtype)
+    return dict(q=q, kv_cache=pool, layer=num_layers - 1, block_table=table.to(device),
+                cu_seqlens_q=cu.to(device), seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+                scale=1.0 / math.sqrt(head_dim))
+
+
+def reference_attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, window=0, softcap=0.0):
+    """float64 attention, one sequence at a time, on q's device."""
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    num_q_heads, num_kv_heads, block_size = q.shape[1], kv_cache.shape[3], kv_cache.shape[4]
+    group = num_q_heads // num_kv_heads
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    for s, length in enumerate(lens):
+        start, q_len = cu[s], cu[s + 1] - cu[s]
+        if q_len == 0:
+            continue
+        pos = torch.arange(length, device=q.device)
+        pages = block_table[s].long()[pos // block_size]
+        k = kv_cache[pages, layer, 0, :, pos % block_size].double()  # [L, Hkv, D]
+        v = kv_cache[pages, layer, 1, :, pos % block_size].double()
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)         # [Hq, L, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        qs = q[start:start + q_len].double().transpose(0, 1)          # [Hq, q_len, D]
+        logits = qs @ k.transpose(1, 2) * scale
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        qpos = (length - q_len + torch.arange(q_len, device=q.device))[:, None]
+        visible = pos[None, :] <= qpos
+        if window:
+            visible &= pos[None, :] > qpos - window
+        logits = logits.masked_fill(~visible, float("-inf"))
+        out[start:start + q_len] = (logits.softmax(-1) @ v).transpose(0, 1)
+    return out
+
+
+def attention_error(batch, window=0, softcap=0.0, splits=None):
+    out = torch.full_like(batch["q"], float("nan"))
+    with launch.forced_splits(splits):
+        tk.paged_attention(**batch, out=out, sliding_window=window, softcap=softcap)
+    ref = reference_attention(**batch, window=window, softcap=softcap)
+    if not bool(torch.isfinite(out).all()):
+        return float("nan")
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def attention_cases(device, dry):
+    """(name, dtype, batch kwargs, call kwargs) of the attention checks."""
+    mixed = [(300, 1), (120, 37), (0, 50), (1000, 1), (17, 1)]
+    if dry:
+        return [("mixed fp32 D64 gqa2 bs16", torch.float32, dict(seqs=[(40, 1), (9, 12), (0, 5)], num_blocks=16,
+                 num_layers=1, num_kv_heads=2, num_q_heads=4, block_size=16, head_dim=64), {}),
+                ("mixed fp16 D80 gqa2 split4 window softcap", torch.float16,
+                 dict(seqs=[(40, 1), (9, 12)], num_blocks=16, num_layers=1, num_kv_heads=1, num_q_heads=2,
+                      block_size=16, head_dim=80), dict(window=20, softcap=5.0, splits=4))]
+    base = dict(num_blocks=512, num_layers=2)
+    cases = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        cases.append((f"mixed {str(dtype)[6:]} D128 gqa4 bs16", dtype,
+                      dict(seqs=mixed, num_kv_heads=8, num_q_heads=32, block_size=16, head_dim=128, **base), {}))
+    for head_dim, block_size, gqa in ((64, 32, 1), (80, 64, 8), (96, 128, 4), (256, 16, 2)):
+        cases.append((f"mixed bf16 D{head_dim} gqa{gqa} bs{block_size}", torch.bfloat16,
+                      dict(seqs=mixed, num_kv_heads=2, num_q_heads=2 * gqa, block_size=block_size,
+                           head_dim=head_dim, **base), {}))
+    cases += [
+        ("mixed bf16 window 256 softcap 50", torch.bfloat16,
+         dict(seqs=mixed, num_kv_heads=4, num_q_heads=16, block_size=16, head_dim=128, **base),
+         dict(window=256, softcap=50.0)),
+        ("mixed bf16 forced split 8", torch.bfloat16,
+         dict(seqs=mixed, num_kv_heads=4, num_q_heads=16, block_size=16, head_dim=128, **base), dict(splits=8)),
+        ("4 decodes at 32K bf16 (split chosen)", torch.bfloat16,
+         dict(seqs=[(32768, 1)] * 4, num_blocks=8300, num_layers=1, num_kv_heads=8, num_q_heads=32,
+              block_size=16, head_dim=128), {}),
+        ("prefill 1024 on 3K bf16", torch.bfloat16,
+         dict(seqs=[(3000, 1024)], num_blocks=300, num_layers=1, num_kv_heads=8, num_q_heads=32,
+              block_size=16, head_dim=128), {}),
+        ("int64 offsets (pool > 2^31 elements) bf16", torch.bfloat16,
+         dict(seqs=[(500, 1), (300, 40)], num_blocks=(1 << 20) + 64, num_layers=1, num_kv_heads=1,
+              num_q_heads=4, block_size=16, head_dim=64, high_ids=True), {}),
+    ]
+    return cases
+
+
+def check_attention(table, device, dry):
+    for name, dtype, batch_kwargs, call_kwargs in attention_cases(device, dry):
+        batch = make_batch(dtype=dtype, device=device, **batch_kwargs)
+        err = attention_error(batch, **call_kwargs)
+        ok = err < TOLERANCE[dtype]
+        table.add("check", f"attention {name}", err, "rel err", note=("ok" if ok else "FAIL") +
+                  f" (< {TOLERANCE[dtype]:g})")
+        del batch
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def check_copies(table, device, dry):
+    dtype = torch.float32 if dry else torch.bfloat16
+    shape = (64, 4, 2, 8, 16, 128) if not dry else (8, 2, 2, 2, 16, 64)
+    pool = (torch.randn(shape, device=device) * 3).to(dtype)
+    ids = torch.randperm(shape[0], device=device)[: shape[0] // 2]
+    # write_kv
+    slots = torch.randperm(shape[0] * shape[4], device=device)[:100]
+    slots[::9] = -1
+    key = torch.randn(100, shape[3], shape[5], device=device).to(dtype)
+    value = torch.randn(100, shape[3], shape[5], device=device).to(dtype)
+    expected = pool.clone()
+    keep = slots >= 0
+    expected[slots[keep] // shape[4], 1, 0, :, slots[keep] % shape[4]] = key[keep]
+    expected[slots[keep] // shape[4], 1, 1, :, slots[keep] % shape[4]] = value[keep]
+    tk.write_kv(key, value, pool, 1, slots)
+    written = torch.equal(pool, expected)
+    table.add("check", "write_kv exact", float(written), "1=ok", note=_ok(written))
+    # pack / unpack, exact
+    buf, scales = tk.pack_blocks(pool, ids, 1, 3 if not dry else 2)
+    exact = torch.equal(buf, pool[ids, 1:buf.shape[1] + 1])
+    target = torch.zeros_like(pool)
+    tk.unpack_blocks(buf, scales, target, ids, 1, 1 + buf.shape[1])
+    exact &= torch.equal(target[ids, 1:1 + buf.shape[1]], buf)
+    table.add("check", "pack/unpack exact", float(exact), "1=ok", note=_ok(exact))
+    # fp8: the device's conversion against the integer one, and against torch's cast
+    hw, hw_scales = tk.pack_blocks(pool, ids, 0, shape[1], "fp8")
+    soft, soft_scales = tk.pack_blocks(pool, ids, 0, shape[1], "fp8", force_soft_fp8=True)
+    same = torch.equal(hw.view(torch.uint8), soft.view(torch.uint8)) and torch.equal(hw_scales, soft_scales)
+    table.add("check", "fp8 pack: device cvt == integer cvt", float(same), "1=ok", note=_ok(same))
+    pages = pool[ids].float()
+    cast = (pages / hw_scales[..., None, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    agree = float((cast.view(torch.uint8) == hw.view(torch.uint8)).float().mean())
+    table.add("check", "fp8 pack == torch cast", agree, "fraction", note=_ok(agree == 1.0))
+    back = torch.zeros_like(pool)
+    tk.unpack_blocks(hw, hw_scales, back, ids, 0, shape[1])
+    err = float((back[ids].double() - pages.double()).norm() / pages.double().norm())
+    table.add("check", "fp8 round trip", err, "rel err", note=_ok(err < 0.05) + " (< 0.05)")
+
+
+def _ok(flag: bool) -> str:
+    return "ok" if flag else "FAIL"

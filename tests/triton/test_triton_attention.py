@@ -1,0 +1,126 @@
+"""paged_attention Triton kernel against the float64 reference (tests/reference.py): the kernel-specific
+cases the op matrix (tests/ops) does not reach: head dims 80/96/256, block sizes 64/128, GQA groups that
+are not powers of two, the split-KV path (forced and chosen), the two-launch plan of mixed batches, long
+prefills with sliding windows (tile skipping at both ends), and int64 page offsets.
+
+Runs on CUDA when present, else on CPU under TRITON_INTERPRET=1 (tests/conftest.py). bf16 runs only on a
+GPU: Triton 3.9's interpreter computes tl.dot on bf16 operands wrongly on the CPU machine.
+"""
+import pytest
+import torch
+
+import reference
+from shadowprefill import triton_kernels as tk
+from shadowprefill.triton_kernels import launch
+from triton_batch import ATTENTION_DTYPES, DEVICE, HAS_CUDA, build, nan_pool
+
+MIXED = [(20, 1), (9, 12), (0, 5), (33, 1)]  # decodes, a chunk on cached context, a fresh prefill
+
+
+def run(batch, splits=None, window=None, softcap=None):
+    """Kernel output (poisoned with NaN first) and the float64 reference."""
+    out = torch.full_like(batch["q"], float("nan"))
+    with launch.forced_splits(splits):
+        tk.paged_attention(**batch, out=out, sliding_window=window or 0, softcap=softcap or 0.0)
+    args = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in batch.items()}
+    return out, reference.attention(**args, sliding_window=window, softcap=softcap)
+
+
+def check(batch, dtype, **kwargs):
+    out, ref = run(batch, **kwargs)
+    reference.assert_close_to_reference(out, ref, dtype)
+
+
+@pytest.mark.parametrize("head_dim", [80, 96, 256])
+def test_head_dims_padded_and_large(head_dim):
+    pool = nan_pool(24, 2, 2, 16, head_dim, torch.float32)
+    check(build(MIXED, pool, layer=1, num_q_heads=4), torch.float32)
+
+
+@pytest.mark.parametrize("block_size", [64, 128])
+def test_large_block_sizes(block_size):
+    pool = nan_pool(12, 1, 2, block_size, 64, torch.float16)
+    check(build([(130, 1), (70, 9), (0, 33), (200, 1)], pool, layer=0, num_q_heads=4), torch.float16)
+
+
+def test_gqa_group_not_power_of_two():
+    pool = nan_pool(24, 1, 2, 16, 64, torch.float16)  # 6 query heads on 2 kv heads: group 3, padded to 4
+    check(build(MIXED, pool, layer=0, num_q_heads=6), torch.float16)
+
+
+@pytest.mark.parametrize("splits", [2, 7, 16])
+def test_split_kv_forced_on_mixed_batch(splits):
+    """The split path on decodes and prefill chunks alike; 16 splits leave some splits without keys."""
+    pool = nan_pool(32, 1, 2, 16, 64, torch.float32)
+    check(build([(90, 1), (9, 12), (0, 5), (150, 1)], pool, layer=0, num_q_heads=4), torch.float32,
+          splits=splits)
+
+
+def test_split_kv_with_window_and_softcap():
+    pool = nan_pool(32, 1, 1, 16, 64, torch.float32)
+    check(build([(100, 1), (60, 6)], pool, layer=0, num_q_heads=2, window=40), torch.float32, splits=4,
+          window=40, softcap=3.0)
+
+
+def test_split_chosen_for_few_long_decodes():
+    """Two decodes over a wide block table: the plan splits (no forcing), the reduce merges exactly."""
+    pool = nan_pool(128, 1, 2, 16, 64, torch.float32)
+    batch = build([(700, 1), (1100, 1)], pool, layer=0, num_q_heads=4)
+    batch["block_table"] = torch.cat([batch["block_table"], batch["block_table"][:, -1:].expand(2, 30)], 1)
+    plans = launch.plan_attention(2, 2, 64, 2, 2, batch["block_table"].shape[1] * 16, torch.float32,
+                                  launch.sm_count(torch.device(DEVICE)))
+    assert len(plans) == 1 and plans[0].num_splits > 1
+    check(batch, torch.float32)
+
+
+def test_mixed_batch_uses_two_launches_that_cover_every_sequence():
+    pool = nan_pool(24, 1, 2, 16, 64, torch.float16)
+    batch = build(MIXED, pool, layer=0, num_q_heads=8)
+    plans = launch.plan_attention(batch["q"].shape[0], len(MIXED), 64, 4, 2, 64, torch.float16, 132)
+    assert [p.num_splits for p in plans] == [1, 1] and plans[0].q_len_max + 1 == plans[1].q_len_min
+    check(batch, torch.float16)
+
+
+@pytest.mark.parametrize("window", [24, 130])
+def test_long_prefill_with_window_skips_tiles_on_both_sides(window):
+    """A 150-token chunk on 200 cached tokens: many query tiles, each with its own key range; pages wholly
+    before the window point at the NaN page, so loading any of them fails the test."""
+    pool = nan_pool(40, 1, 1, 16, 64, torch.float32)
+    check(build([(200, 150)], pool, layer=0, num_q_heads=2, window=window), torch.float32, window=window)
+
+
+def test_sequences_without_new_tokens_are_never_read():
+    pool = nan_pool(24, 1, 2, 16, 64, torch.float32)
+    check(build([(20, 3), (40, 0), (0, 1), (16, 0), (16, 1)], pool, layer=0, num_q_heads=2),
+          torch.float32)
+
+
+def test_int64_page_offsets():
+    """Pages beyond 2^31 elements: block id * page stride overflows int32. The pool is a lazily committed
+    4.3 GB allocation of which the test writes a few pages only."""
+    num_blocks = (1 << 20) + 64  # 2048-element pages: page offsets up to 2^31 + 131072
+    try:
+        pool = torch.empty((num_blocks, 1, 2, 1, 16, 64), dtype=torch.float16, device=DEVICE)
+    except (RuntimeError, MemoryError) as e:
+        pytest.skip(f"cannot reserve a 4.3 GB pool on this machine: {e}")
+    ids = torch.randperm(64)[:24].add(num_blocks - 64).tolist()
+    batch = build([(150, 1), (100, 9)], pool, layer=0, num_q_heads=2, block_ids=ids)  # masked + full tiles
+    assert int(batch["block_table"].min()) * pool.stride(0) >= 2**31
+    check(batch, torch.float16)
+    check(batch, torch.float16, splits=2)
+
+
+@pytest.mark.parametrize("dtype", ATTENTION_DTYPES)
+def test_dtypes_gqa8_window_softcap(dtype):
+    pool = nan_pool(24, 1, 1, 32, 128, dtype)
+    check(build(MIXED, pool, layer=0, num_q_heads=8, window=30), dtype, window=30, softcap=20.0)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="bf16 tl.dot is wrong in Triton 3.9's interpreter on this CPU; "
+                                         "bf16 is covered on GPU runs only")
+def test_bf16_relative_error_below_1e2_on_gpu():
+    pool = nan_pool(64, 1, 8, 16, 128, torch.bfloat16)
+    batch = build([(300, 1), (120, 64), (0, 40), (500, 1)], pool, layer=0, num_q_heads=32)
+    out, ref = run(batch)
+    assert bool(torch.isfinite(out).all())
+    assert reference.relative_error(out.cpu(), ref) < 1e-2
