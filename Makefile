@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)
-	$(PY) -m shadowprefill.cli selfcheck
+	$(PY) -m shadowprefill.cli demo
 
 bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only --benchmark-columns=median,ops

@@ -11,6 +11,7 @@ import sys
 
 # module path -> sub-commands it registers (imported lazily so `shadowprefill --help` stays fast)
 SUBSYSTEMS = [
+    "shadowprefill.demo",
     "shadowprefill.selfcheck",
     "shadowprefill.gateway.cli",
 ]
