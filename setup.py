@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent.resolve()
@@ -71,6 +71,7 @@ def _ninja_module() -> str | None:
 setup(
     # triton_kernels/ installs as shadowprefill.triton_kernels only: a top-level `triton_kernels`
     # module would shadow the unrelated package of that name that vLLM imports.
+    packages=find_packages(include=["shadowprefill", "shadowprefill.*"]) + ["shadowprefill.triton_kernels"],
     package_dir={"shadowprefill": "shadowprefill", "shadowprefill.triton_kernels": "triton_kernels"},
     ext_modules=[CMakeExtension("shadowprefill._C")],
     cmdclass={"build_ext": CMakeBuild},
