@@ -38,3 +38,5 @@ bench: $(STAMP)
 
 clean:
 	rm -rf build *.egg-info shadowprefill/*.so
+
+include mk/vllm.mk

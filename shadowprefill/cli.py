@@ -14,6 +14,7 @@ SUBSYSTEMS = [
     "shadowprefill.demo",
     "shadowprefill.selfcheck",
     "shadowprefill.gateway.cli",
+    "shadowprefill.serve.cli",
 ]
 
 

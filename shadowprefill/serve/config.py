@@ -1,0 +1,103 @@
+"""The manager's configuration (a JSON file for `shadowprefill serve-manager --config FILE`).
+
+    {
+      "host": "127.0.0.1", "port": 8000,
+      "models": {                                   # manager model name -> instances
+        "small": ["http://127.0.0.1:8001"],
+        "large": [{"url": "http://127.0.0.1:8002", "served_model_name": "my-70b"}, "http://10.0.0.7:8000"]
+      },
+      "router": {"type": "request"},                # or {"type": "markov", "p": 0.3, "seed": 0}
+      "api_keys": {"sk-team-a": "team-a"},          # key -> tenant; empty/absent: no auth, tenant ""
+      "shadow": {"enabled": true, "priority": 1000, "targets": "all", "poll_s": 0.05, "timeout_s": 120},
+      "connect_timeout_s": 2.0, "read_timeout_s": 300.0, "dead_retry_s": 5.0,
+      "tenant_cache_salt": false                    # send cache_salt=<tenant> (vLLM per-tenant prefix cache)
+    }
+
+`shadow.targets`: "all" (every other model's sticky instance) or "top1" (the other model most often
+routed next after the current one, learned online from the manager's own sessions, paper §3.1).
+`shadow.priority` is the lowest class the servers know: vLLM runs lower integers first, the built-in
+server maps values >= its shadow threshold (default 1000) to shadow jobs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    model: str                  # the manager's model name
+    url: str                    # base URL, e.g. http://127.0.0.1:8001
+    served_model_name: str      # the `model` field the server expects
+
+
+@dataclass
+class ShadowConfig:
+    enabled: bool = True
+    priority: int = 1000
+    targets: str = "all"
+    poll_s: float = 0.05
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.targets not in ("all", "top1"):
+            raise ValueError(f"shadow.targets must be 'all' or 'top1', got {self.targets!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise TypeError(f"shadow.priority must be an int, got {self.priority!r}")
+        for name in ("poll_s", "timeout_s"):
+            if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
+                raise ValueError(f"shadow.{name} must be a number > 0, got {getattr(self, name)!r}")
+
+
+@dataclass
+class ManagerConfig:
+    models: dict[str, list[Endpoint]]
+    router: dict = field(default_factory=lambda: {"type": "request"})
+    api_keys: dict[str, str] = field(default_factory=dict)
+    shadow: ShadowConfig = field(default_factory=ShadowConfig)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    connect_timeout_s: float = 2.0
+    read_timeout_s: float = 300.0
+    dead_retry_s: float = 5.0
+    tenant_cache_salt: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ManagerConfig":
+        if not isinstance(d, dict):
+            raise TypeError(f"config must be a JSON object, got {type(d).__name__}")
+        unknown = set(d) - {"models", "router", "api_keys", "shadow", "host", "port", "connect_timeout_s",
+                            "read_timeout_s", "dead_retry_s", "tenant_cache_salt"}
+        if unknown:
+            raise ValueError(f"config has unknown keys {sorted(unknown)}")
+        raw_models = d.get("models")
+        if not isinstance(raw_models, dict) or not raw_models:
+            raise ValueError("config.models must map model names to lists of endpoints")
+        models: dict[str, list[Endpoint]] = {}
+        for name, entries in raw_models.items():
+            if not isinstance(entries, list) or not entries:
+                raise ValueError(f"config.models[{name!r}] must be a non-empty list of endpoints")
+            eps = []
+            for e in entries:
+                if isinstance(e, str):
+                    e = {"url": e}
+                if not isinstance(e, dict) or not isinstance(e.get("url"), str) or not e["url"].startswith("http"):
+                    raise ValueError(f"config.models[{name!r}]: endpoint must be a URL or {{'url': ...}}, got {e!r}")
+                eps.append(Endpoint(name, e["url"].rstrip("/"), e.get("served_model_name", name)))
+            models[name] = eps
+        api_keys = d.get("api_keys") or {}
+        if not isinstance(api_keys, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in api_keys.items()):
+            raise ValueError("config.api_keys must map API keys (str) to tenant names (str)")
+        router = d.get("router") or {"type": "request"}
+        if not isinstance(router, dict) or router.get("type") not in ("request", "markov"):
+            raise ValueError(f"config.router.type must be 'request' or 'markov', got {router!r}")
+        shadow = ShadowConfig(**(d.get("shadow") or {}))
+        kwargs = {k: d[k] for k in ("host", "port", "connect_timeout_s", "read_timeout_s", "dead_retry_s",
+                                    "tenant_cache_salt") if k in d}
+        return cls(models=models, router=router, api_keys=dict(api_keys), shadow=shadow, **kwargs)
+
+    @classmethod
+    def from_file(cls, path: "str | Path") -> "ManagerConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,359 @@
+"""The request-level shadow manager (paper §4 "vLLM prototype", appendix D.1).
+
+The manager sits between agents and a fleet of OpenAI-compatible servers (vLLM, SGLang, or the built-in
+`engine_server`), several instances per model. For each call of a session it routes (per-step router),
+picks the session's sticky instance of that model, forwards the request and streams the answer back
+unchanged. After the call completes it submits the call's prompt + response to the session's sticky
+instance of every other model (or the top-1 by next-model prior) as lowest-priority shadow work with
+`max_tokens: 1` (`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache.
+
+Failure handling: connection failures before the first byte of an answer mark the instance down and fall
+back to another instance of the routed model (a cold switch); with none left the client gets HTTP 503
+naming the model. An upstream failure mid-stream ends the stream with an SSE `error` event. Every
+upstream call has connect/read timeouts, so nothing hangs.
+
+What the manager adds to an upstream request, and removes from the answer again: `stream_options:
+{include_usage: true}` on streams (to read cached tokens; the usage chunk is dropped unless the client
+asked for it), `return_token_ids: true` for token-id prompts (the response ids extend the shadow; the
+fields are stripped unless asked for), the session headers `X-Session-Id` / `X-Tenant`, and
+`cache_salt` when `tenant_cache_salt` is set.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+import httpx
+from aiohttp import web
+
+from shadowprefill.serve.config import ManagerConfig
+from shadowprefill.serve.metrics import ServeCall, summarize_by_policy
+from shadowprefill.serve.sessions import LiveRouter, NextModelPrior, SessionState, extends, shadow_body
+from shadowprefill.serve.shadow_dispatch import Instance, ShadowDispatcher, ShadowTask, upstream_headers
+
+_UPSTREAM_ERRORS = (httpx.TransportError, OSError)
+
+
+def error_response(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+def _is_token_ids(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in prompt)
+
+
+class _Answer:
+    """What the manager reads from an answer while passing it through."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.usage: dict | None = None
+        self.first_token: float | None = None
+
+    def read_choices(self, choices, chat: bool, streamed: bool) -> None:
+        for ch in choices[:1]:                                 # n = 1: the first choice is the answer
+            if chat:
+                part = (ch.get("delta") or {}).get("content") if streamed else (ch.get("message") or {}).get(
+                    "content")
+            else:
+                part = ch.get("text")
+            ids = ch.get("token_ids") or []
+            if part:
+                self.text.append(part)
+            self.ids.extend(ids)
+            if (part or ids) and self.first_token is None and streamed:
+                self.first_token = time.monotonic()
+
+    @property
+    def cached_tokens(self) -> int | None:
+        details = (self.usage or {}).get("prompt_tokens_details") or {}
+        return details.get("cached_tokens") if self.usage else None
+
+
+class Manager:
+    """Routing, stickiness, forwarding and shadow submission over the configured fleet."""
+
+    def __init__(self, config: ManagerConfig) -> None:
+        if not isinstance(config, ManagerConfig):
+            raise TypeError(f"config must be a ManagerConfig, got {type(config).__name__}")
+        self.config = config
+        self.instances = {m: [Instance(e.model, e.url, e.served_model_name) for e in eps]
+                          for m, eps in config.models.items()}
+        self.router = LiveRouter(config.router, list(config.models))
+        self.prior = NextModelPrior()
+        self.sessions: dict[tuple[str, str], SessionState] = {}
+        self.calls: list[ServeCall] = []
+        self.dispatchers: dict[str, ShadowDispatcher] = {}
+        self.client: httpx.AsyncClient | None = None
+        self._round_robin = itertools.count()
+
+    # ---------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        c = self.config
+        timeout = httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s, write=c.read_timeout_s,
+                                pool=c.read_timeout_s)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=512))
+        for insts in self.instances.values():
+            for inst in insts:
+                d = ShadowDispatcher(inst, self.client, c.shadow.poll_s, c.shadow.timeout_s, c.dead_retry_s)
+                self.dispatchers[inst.url] = d
+                d.start()
+
+    async def close(self) -> None:
+        for d in self.dispatchers.values():
+            await d.stop()
+        if self.client is not None:
+            await self.client.aclose()
+
+    # ------------------------------------------------------------------------------------ helpers
+    def session(self, tenant: str, session_id: str, shadow_enabled: bool = True) -> SessionState:
+        key = (tenant, session_id)
+        state = self.sessions.get(key)
+        if state is None:
+            state = self.sessions[key] = SessionState(tenant, session_id, shadow_enabled=shadow_enabled)
+        return state
+
+    def pick_instance(self, state: SessionState | None, model: str, exclude: set[str] = frozenset()
+                      ) -> Instance | None:
+        """The session's sticky instance of `model`, else the live instance with the fewest sessions."""
+        insts = self.instances[model]
+        if state is not None:
+            url = state.sticky.get(model)
+            for inst in insts:
+                if inst.url == url and inst.alive and url not in exclude:
+                    return inst
+        live = [i for i in insts if i.alive and i.url not in exclude]
+        if not live:
+            return None
+        if state is None:
+            return live[next(self._round_robin) % len(live)]
+        inst = min(live, key=lambda i: i.num_sessions)
+        old = state.sticky.get(model)
+        if old is not None:
+            for i in insts:
+                if i.url == old:
+                    i.num_sessions -= 1
+        state.sticky[model] = inst.url
+        inst.num_sessions += 1
+        return inst
+
+    async def wait_shadows_idle(self, timeout: float) -> bool:
+        """True once no instance has a pending or in-flight shadow (within `timeout` seconds)."""
+        end = time.monotonic() + timeout
+        for d in self.dispatchers.values():
+            if not await d.idle(max(0.0, end - time.monotonic())):
+                return False
+        return True
+
+    def summary(self, tenant: str | None = None) -> dict:
+        calls = [c for c in self.calls if tenant is None or c.tenant == tenant]
+        return {"policies": summarize_by_policy(calls),
+                "instances": {i.url: {"model": i.model, "alive": i.alive, "sessions": i.num_sessions,
+                                      "last_error": i.last_error, **i.stats}
+                              for insts in self.instances.values() for i in insts}}
+
+    # ------------------------------------------------------------------------------------ forward
+    async def forward(self, request: web.Request, kind: str, body: dict, tenant: str, session_id: str | None,
+                      shadow_enabled: bool = True) -> web.StreamResponse:
+        """Route, forward and pass the answer through; afterwards submit the shadows."""
+        chat = kind == "chat"
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        prompt = body.get("messages") if chat else body.get("prompt")
+        if not chat and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+            prompt = prompt[0]
+        state = self.session(tenant, session_id, shadow_enabled) if session_id else None
+        try:
+            model = self.router.route(state, body.get("model")) if state else self.router.route(
+                SessionState(tenant, "-"), body.get("model"))
+        except ValueError as exc:
+            return error_response(404, str(exc), "not_found_error")
+        stream = bool(body.get("stream"))
+        opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        client_usage = bool(opts.get("include_usage"))
+        strip_ids = _is_token_ids(prompt) and not body.get("return_token_ids")
+        upstream = dict(body)
+        if stream:
+            upstream["stream_options"] = {**opts, "include_usage": True}
+        if strip_ids:
+            upstream["return_token_ids"] = True
+        if self.config.tenant_cache_salt and tenant:
+            upstream["cache_salt"] = tenant
+        headers = upstream_headers(state.key) if state else {"X-Tenant": tenant}
+        call_index = 0
+        is_switch = False
+        if state is not None:
+            call_index = state.num_calls
+            state.num_calls += 1
+            is_switch = bool(state.history) and state.history[-1] != model
+            if not extends(prompt, state.last_prompt, state.last_response):
+                state.append_only = False
+        arrival = time.monotonic()
+        tried: set[str] = set()
+        answer, resp, inst = _Answer(), None, None
+        status, error, out = 200, None, None
+        while True:
+            inst = self.pick_instance(state, model, tried)
+            if inst is None:
+                down = [f"{i.url} ({i.last_error})" for i in self.instances[model]]
+                status, error = 503, f"model {model!r} is unavailable: no live instance; {'; '.join(down)}"
+                out = error_response(503, error, "service_unavailable")
+                break
+            tried.add(inst.url)
+            if state is not None:
+                self.dispatchers[inst.url].drop(state.key)       # the routed call computes it anyway
+            upstream["model"] = inst.served_model_name
+            try:
+                req = self.client.build_request("POST", inst.url + path, json=upstream, headers=headers)
+                resp = await self.client.send(req, stream=True)
+                if stream and resp.status_code == 200:
+                    out = await self._pass_stream(request, resp, answer, chat, client_usage, strip_ids)
+                else:
+                    out = await self._pass_body(resp, answer, chat, strip_ids)
+                    status = resp.status_code
+                break
+            except _UPSTREAM_ERRORS as exc:
+                inst.mark_down(repr(exc), self.config.dead_retry_s)
+                if isinstance(exc, _MidStreamError):
+                    status, error = 502, str(exc)
+                    out = exc.response
+                    break
+                continue                                         # cold fallback to another instance
+            finally:
+                if resp is not None:
+                    await resp.aclose()
+                    resp = None
+        finish = time.monotonic()
+        usage = answer.usage or {}
+        if status != 200 and error is None:
+            error = f"upstream HTTP {status}"
+        self.calls.append(ServeCall(
+            session_id=session_id or "", call_index=call_index, tenant=tenant, model=model,
+            instance=inst.url if inst else "", is_switch=is_switch,
+            policy=("harvest" if self.config.shadow.enabled and state.shadow_enabled else "no-shadow")
+            if state else "background",
+            arrival=arrival, first_token=answer.first_token, finish=finish, prompt_tokens=usage.get("prompt_tokens"),
+            cached_tokens=answer.cached_tokens, output_tokens=usage.get("completion_tokens"), stream=stream,
+            status=status, error=error))
+        if state is not None and status == 200 and error is None:
+            response = answer.ids if _is_token_ids(prompt) else "".join(answer.text)
+            self._after_call(state, kind, path, prompt, response, model)
+        return out
+
+    async def _pass_body(self, resp: httpx.Response, answer: _Answer, chat: bool, strip_ids: bool) -> web.Response:
+        data = await resp.aread()
+        if resp.status_code == 200:
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                answer.usage = obj.get("usage")
+                answer.read_choices(obj.get("choices") or [], chat, streamed=False)
+                if strip_ids:
+                    for ch in obj.get("choices") or []:
+                        ch.pop("token_ids", None)
+                        ch.pop("prompt_token_ids", None)
+                    obj.pop("prompt_token_ids", None)
+                    data = json.dumps(obj).encode()
+        return web.Response(body=data, status=resp.status_code,
+                            content_type=resp.headers.get("content-type", "application/json").split(";")[0])
+
+    async def _pass_stream(self, request: web.Request, resp: httpx.Response, answer: _Answer, chat: bool,
+                           client_usage: bool, strip_ids: bool) -> web.StreamResponse:
+        """Forward SSE events as they arrive; headers go out with the first event, so an upstream that
+        dies before answering can still be replaced by another instance."""
+        out: web.StreamResponse | None = None
+        buf = b""
+        try:
+            async for piece in resp.aiter_raw():
+                buf += piece
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    event = self._filter_event(event, answer, chat, client_usage, strip_ids)
+                    if event is None:
+                        continue
+                    if out is None:
+                        out = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                          "Cache-Control": "no-cache"})
+                        await out.prepare(request)
+                    await out.write(event + b"\n\n")
+        except _UPSTREAM_ERRORS as exc:
+            if out is None:
+                raise
+            msg = json.dumps({"error": {"message": f"upstream failed mid-stream: {exc!r}",
+                                        "type": "upstream_error", "code": 502}})
+            await out.write(b"data: " + msg.encode() + b"\n\n")
+            await out.write_eof()
+            raise _MidStreamError(f"upstream failed mid-stream: {exc!r}", out) from exc
+        if out is None:                                      # an empty 200 stream
+            raise httpx.RemoteProtocolError("upstream closed the stream without an event")
+        if buf.strip():
+            await out.write(buf)
+        await out.write_eof()
+        return out
+
+    @staticmethod
+    def _filter_event(event: bytes, answer: _Answer, chat: bool, client_usage: bool, strip_ids: bool):
+        text = event.strip()
+        if not text.startswith(b"data:"):
+            return event
+        payload = text[5:].strip()
+        if payload == b"[DONE]":
+            return event
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            return event
+        if not isinstance(obj, dict):
+            return event
+        choices = obj.get("choices") or []
+        answer.read_choices(choices, chat, streamed=True)
+        if obj.get("usage"):
+            answer.usage = obj["usage"]
+            if not choices and not client_usage:
+                return None                                  # the usage chunk only the manager asked for
+        if strip_ids or (obj.get("usage") and not client_usage):
+            for ch in choices:
+                ch.pop("token_ids", None)
+                ch.pop("prompt_token_ids", None)
+            obj.pop("prompt_token_ids", None)
+            if not client_usage and "usage" in obj:
+                obj.pop("usage")
+            return b"data: " + json.dumps(obj).encode()
+        return event
+
+    # ------------------------------------------------------------------------------------ shadows
+    def _after_call(self, state: SessionState, kind: str, path: str, prompt, response, model: str) -> None:
+        if state.history:
+            self.prior.observe(state.history[-1], model)
+        state.history.append(model)
+        state.last_prompt, state.last_response = prompt, response
+        if not (self.config.shadow.enabled and state.shadow_enabled):
+            return
+        base = shadow_body(kind, prompt, response, state.append_only)
+        if base is None:
+            return
+        others = [m for m in self.instances if m != model]
+        if self.config.shadow.targets == "top1":
+            others = self.prior.rank(model, others)[:1]
+        now = time.monotonic()
+        for target in others:
+            inst = self.pick_instance(state, target)
+            if inst is None:
+                continue
+            body = {**base, "model": inst.served_model_name, "max_tokens": 1,
+                    "priority": self.config.shadow.priority, "stream": False}
+            if self.config.tenant_cache_salt and state.tenant:
+                body["cache_salt"] = state.tenant
+            self.dispatchers[inst.url].submit(ShadowTask(state.key, path, body, now))
+
+
+class _MidStreamError(httpx.TransportError):
+    """The upstream died after the answer started: the client already has the headers and an error event."""
+
+    def __init__(self, message: str, response: web.StreamResponse) -> None:
+        super().__init__(message)
+        self.response = response

@@ -1,0 +1,112 @@
+"""Per-call records of the manager and their per-policy summaries.
+
+The summary keys are the simulator's (`shadowprefill.sim.metrics.summarize`) where the quantity exists in
+a live run: `num_calls`, `num_switch_calls`, `num_sessions`, `switch_call_latency_{mean,p50,p99}_s`,
+`switch_call_ttft_mean_s`, `llm_call_latency_mean_s`, `llm_call_ttft_mean_s`,
+`same_model_call_latency_mean_s`, `llm_time_per_session_s`, `switch_hit_rate`, `hit_rate`,
+`same_model_hit_rate` (hit rate = cached prompt tokens / prompt tokens, token weighted, with cached tokens
+from the server's `usage.prompt_tokens_details.cached_tokens`). Added here: `switch_call_ttft_p50_s` and
+`num_failed_calls`. TTFT is measured at the manager (first streamed chunk carrying output), so only
+streamed calls have one; the TTFT means average over those.
+
+The policy of a call is "harvest" when its session received shadows (request-level Harvest, paper
+appendix D.1) and "no-shadow" otherwise, the simulator's policy names.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+
+@dataclass
+class ServeCall:
+    """One call forwarded by the manager. Times are `time.monotonic()` seconds at the manager."""
+
+    session_id: str
+    call_index: int
+    tenant: str
+    model: str
+    instance: str
+    is_switch: bool
+    policy: str
+    arrival: float
+    first_token: float | None
+    finish: float
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    output_tokens: int | None
+    stream: bool
+    status: int = 200
+    error: str | None = None
+
+    @property
+    def latency(self) -> float:
+        return self.finish - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["latency_s"], d["ttft_s"] = self.latency, self.ttft
+        return d
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(sum(values) / len(values)) if values else None
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+def _hit_rate(calls: Iterable[ServeCall]) -> float | None:
+    prompt = cached = 0
+    for c in calls:
+        if c.prompt_tokens and c.cached_tokens is not None:
+            prompt += c.prompt_tokens
+            cached += c.cached_tokens
+    return cached / prompt if prompt else None
+
+
+def summarize(calls: Sequence[ServeCall]) -> dict:
+    """The simulator's §5 call metrics over successful calls (see module docstring)."""
+    ok = [c for c in calls if c.status == 200 and c.error is None]
+    switch = [c for c in ok if c.is_switch]
+    per_session: dict[tuple[str, str], float] = {}
+    for c in ok:
+        key = (c.tenant, c.session_id)
+        per_session[key] = per_session.get(key, 0.0) + c.latency
+    switch_ttft = [c.ttft for c in switch if c.ttft is not None]
+    return {
+        "num_calls": len(ok),
+        "num_switch_calls": len(switch),
+        "num_sessions": len(per_session),
+        "num_failed_calls": len(calls) - len(ok),
+        "switch_call_latency_mean_s": _mean([c.latency for c in switch]),
+        "switch_call_latency_p50_s": _percentile([c.latency for c in switch], 50),
+        "switch_call_latency_p99_s": _percentile([c.latency for c in switch], 99),
+        "switch_call_ttft_mean_s": _mean(switch_ttft),
+        "switch_call_ttft_p50_s": _percentile(switch_ttft, 50),
+        "llm_call_latency_mean_s": _mean([c.latency for c in ok]),
+        "llm_call_ttft_mean_s": _mean([c.ttft for c in ok if c.ttft is not None]),
+        "same_model_call_latency_mean_s": _mean([c.latency for c in ok if not c.is_switch]),
+        "llm_time_per_session_s": _mean(list(per_session.values())),
+        "switch_hit_rate": _hit_rate(switch),
+        "hit_rate": _hit_rate(ok),
+        "same_model_hit_rate": _hit_rate(c for c in ok if not c.is_switch),
+    }
+
+
+def summarize_by_policy(calls: Sequence[ServeCall]) -> dict[str, dict]:
+    """`summarize` per policy ("harvest", "no-shadow")."""
+    policies = sorted({c.policy for c in calls})
+    return {p: summarize([c for c in calls if c.policy == p]) for p in policies}
