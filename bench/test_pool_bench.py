@@ -8,7 +8,10 @@
    host tier) runs full of cached pages, so most new pages evict (and spill) one. The pool calls of 2,000
    iterations are recorded, then replayed on a fresh pool: the timing covers exactly the pool's bookkeeping
    (no harness), goal <= 100 µs per iteration on one core; pytest-benchmark reports the replay per round.
-2. `test_spill_reload_bandwidth` (CUDA only): HostTier spill (D2H) and reload (H2D) of 512 scattered
+2. `test_long_session_shadow_chunks` (CPU): the pool calls of one shadow job on a 64K-token session (acquire the
+   cached prefix, allocate and commit a 512-token chunk, release), with and without the job's PageHashes
+   (`hashes=`): without it every chunk re-hashes the whole 4,096-page prefix, with it only the new pages.
+3. `test_spill_reload_bandwidth` (CUDA only): HostTier spill (D2H) and reload (H2D) of 512 scattered
    Llama-3-8B pages through copy_blocks on the side stream, as a ratio to one contiguous pinned copy of the
    same bytes. Skipped without a GPU: it is a measurement, not a test.
 
@@ -23,6 +26,7 @@ import torch
 
 from shadowprefill.kv.block_pool import BlockPool
 from shadowprefill.kv.host_tier import HostTier
+from shadowprefill.kv.prefix_hash import PageHashes, root_hash
 
 BS = 16
 NUM_BLOCKS = 32768
@@ -32,18 +36,20 @@ PREFIX_PAGES, NEW_TOKENS, SESSIONS = 64, 900, 64
 
 
 class Request:
-    __slots__ = ("tokens", "prompt_len", "blocks", "computed", "decode_left")
+    __slots__ = ("tokens", "prompt_len", "blocks", "computed", "decode_left", "chain")
 
     def __init__(self, tokens, decode_len):
         self.tokens, self.prompt_len, self.blocks = tokens, len(tokens), []
         self.computed, self.decode_left = 0, decode_len
+        self.chain = None   # the request's PageHashes (use_chains; the engine keeps them for shadow jobs only)
 
 
 class PoolWorkload:
     """An engine's pool calls, iteration by iteration (scheduler simplified, no model)."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, use_chains: bool = False):
         rng = random.Random(seed)
+        self.use_chains = use_chains
         self.pool = BlockPool(NUM_BLOCKS, BS, page_bytes=PAGE_BYTES, model_id="llama-3-8b",
                               host_tier=HostTier(capacity_bytes=32 * 2**30, page_bytes=PAGE_BYTES))
         histories = [[rng.randrange(128_000) for _ in range(PREFIX_PAGES * BS)] for _ in range(SESSIONS)]
@@ -65,7 +71,9 @@ class PoolWorkload:
         while len(self.running) < MAX_SEQS:
             i = self.next_prompt % len(self.prompts)
             r = Request(list(self.prompts[i]), self.decode_lens[i])
-            m = pool.acquire_prefix(r.tokens, now=now, max_tokens=r.prompt_len - 1)
+            if self.use_chains:
+                r.chain = PageHashes(r.tokens, BS, root_hash("llama-3-8b", ""))
+            m = pool.acquire_prefix(r.tokens, now=now, max_tokens=r.prompt_len - 1, hashes=r.chain)
             r.blocks, r.computed = m.block_ids, m.num_tokens
             self.running.append(r)
             self.next_prompt += 1
@@ -93,7 +101,7 @@ class PoolWorkload:
                 r.tokens.append(r.computed & 0x7FFF)
                 r.decode_left -= 1
             if r.computed // BS > before // BS:
-                pool.commit(r.blocks, r.tokens, now=now, num_tokens=r.computed)
+                pool.commit(r.blocks, r.tokens, now=now, num_tokens=r.computed, hashes=r.chain)
         pool.poll(now)
         self.now += 0.03
 
@@ -113,11 +121,11 @@ class Recorder:
         return call
 
 
-def record(iterations: int) -> tuple[list, PoolWorkload]:
+def record(iterations: int, use_chains: bool = False) -> tuple[list, PoolWorkload]:
     """Run the workload and return its pool calls per iteration (arguments are only appended to later,
     and every call bounds what it reads by num_tokens / max_tokens / the list itself, so replaying the
     recorded references is exact)."""
-    w = PoolWorkload()
+    w = PoolWorkload(use_chains=use_chains)
     recorder = Recorder(w.pool)
     w.pool = recorder
     for _ in range(iterations):
@@ -133,7 +141,18 @@ def fresh_pool() -> BlockPool:
 
 
 def bind(trace: list, pool: BlockPool) -> list:
-    return [[(getattr(pool, name), args, kwargs) for name, args, kwargs in calls] for calls in trace]
+    """Bound calls; each recorded PageHashes is replaced by an empty one over the same tokens, so the replay
+    hashes exactly what the recording hashed."""
+    fresh: dict[int, PageHashes] = {}
+
+    def unhashed(kwargs):
+        chain = kwargs.get("hashes")
+        if chain is None:
+            return kwargs
+        if id(chain) not in fresh:
+            fresh[id(chain)] = PageHashes(chain.tokens, chain.block_size, chain.root)
+        return {**kwargs, "hashes": fresh[id(chain)]}
+    return [[(getattr(pool, name), args, unhashed(kwargs)) for name, args, kwargs in calls] for calls in trace]
 
 
 def run_iteration(calls: list) -> None:
@@ -187,6 +206,48 @@ def test_pool_bookkeeping_per_iteration(benchmark):
     print("\n" + _describe(w, trace))
 
 
+class LongSession:
+    """One shadow job on a 64K-token session whose context is cached (see module docstring, 2.)."""
+
+    def __init__(self, use_chain: bool, context: int = 65536, chunk: int = 512, max_chunks: int = 128):
+        rng = random.Random(1)
+        self.pool = BlockPool(2 * (context + max_chunks * chunk) // BS, BS, model_id="llama-3-8b")
+        self.history = [rng.randrange(128_000) for _ in range(context)]
+        ids = self.pool.allocate(context // BS, now=0.0)
+        self.pool.commit(ids, self.history, now=0.0)
+        self.pool.release(ids, now=0.0)
+        self.history += [rng.randrange(128_000) for _ in range(max_chunks * chunk)]   # what the chunks compute
+        self.chain = self.pool.page_hash_chain(self.history) if use_chain else None
+        self.context, self.chunk_tokens, self.now = context, chunk, 1.0
+
+    def chunk(self) -> None:
+        """The pool calls of one shadow chunk: acquire the cached prefix, allocate, commit, release."""
+        pool, now = self.pool, self.now
+        m = pool.acquire_prefix(self.history, now=now, shadow=True, max_tokens=len(self.history), hashes=self.chain)
+        new = pool.allocate(self.chunk_tokens // BS, now=now, shadow=True)
+        blocks = m.block_ids + new
+        pool.commit(blocks, self.history, now=now, num_tokens=m.num_tokens + self.chunk_tokens, hashes=self.chain)
+        pool.release(blocks, now=now)
+        assert m.num_tokens >= self.context
+        self.now += 0.05
+
+
+def shadow_chunks(use_chain: bool, chunks: int = 64) -> list[float]:
+    """Thread-CPU µs of each chunk's pool calls (the first chunk, which builds the chain, included)."""
+    session, out = LongSession(use_chain, max_chunks=chunks), []
+    for _ in range(chunks):
+        t0 = time.thread_time_ns()
+        session.chunk()
+        out.append((time.thread_time_ns() - t0) / 1e3)
+    return out
+
+
+@pytest.mark.parametrize("use_chain", [False, True], ids=["rehash", "page-hashes"])
+def test_long_session_shadow_chunks(benchmark, use_chain):
+    session = LongSession(use_chain, max_chunks=40)
+    benchmark.pedantic(session.chunk, rounds=32, iterations=1, warmup_rounds=2)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="spill/reload bandwidth needs a CUDA GPU")
 def test_spill_reload_bandwidth():
     from shadowprefill.kv.spec import KVCacheSpec
@@ -228,9 +289,14 @@ def test_spill_reload_bandwidth():
 
 
 if __name__ == "__main__":
-    trace, w = record(2000)
-    wall, cpu, _ = replay(trace, 1000)
-    print(f"pool bookkeeping per iteration (bookkeeping-only pool, one thread, last 1000 of 2000 iterations): "
-          f"wall {_summary(wall)}; "
-          f"thread CPU {_summary(cpu)}")
+    for use_chains in (False, True):
+        trace, w = record(2000, use_chains)
+        wall, cpu, _ = replay(trace, 1000)
+        print(f"pool bookkeeping per iteration (bookkeeping-only pool, one thread, last 1000 of 2000 iterations, "
+              f"{'requests keep PageHashes (hashes=)' if use_chains else 'no hashes='}): wall {_summary(wall)}; "
+              f"thread CPU {_summary(cpu)}")
     print(_describe(w, trace))
+    for use_chain in (False, True):
+        print(f"shadow chunk of 512 tokens on a 64K-token cached session, pool calls "
+              f"({'with the job PageHashes' if use_chain else 're-hashing the prefix'}): "
+              f"thread CPU {_summary(shadow_chunks(use_chain))} per chunk")

@@ -363,6 +363,13 @@ class LLMEngine:
         total = sum(r.num_remaining for q in self.scheduler.waiting.values() for r in q)
         return total + sum(r.num_remaining for r in self.scheduler.running if r.num_remaining > 1)
 
-    def cached_prefix_tokens(self, token_ids, tenant: str = "") -> tuple[int, int]:
-        """(device, host) tokens of token_ids' longest cached prefix, without touching the cache."""
-        return self.pool.peek_prefix(token_ids, tenant=tenant)
+    def cached_prefix_tokens(self, token_ids, tenant: str = "", hashes=None) -> tuple[int, int]:
+        """(device, host) tokens of token_ids' longest cached prefix, without touching the cache. hashes: a
+        `page_hash_chain(token_ids, tenant)` kept by the caller across calls (e.g. per session and model), so a
+        long history is not re-hashed on every routing decision."""
+        return self.pool.peek_prefix(token_ids, tenant=tenant, hashes=hashes)
+
+    def page_hash_chain(self, token_ids, tenant: str = ""):
+        """A kv.PageHashes of an append-only token list for this engine's model and `tenant` (valid on every
+        engine of the same model id and block size)."""
+        return self.pool.page_hash_chain(token_ids, tenant=tenant)

@@ -22,7 +22,7 @@ import torch
 from .eviction import plan_shadow, shadow_available, take_normal_victims
 from .host_spill import HostSpill
 from .host_tier import HostTier
-from .prefix_hash import as_token_sequence, root_hash
+from .prefix_hash import PageHashes, as_token_sequence, root_hash
 from .prefix_lookup import PrefixLookup, PrefixMatch
 from .stats import PoolStats
 
@@ -273,39 +273,70 @@ class BlockPool(PrefixLookup, HostSpill):
         self._free.extend(block_ids)
 
     # ---- prefix cache --------------------------------------------------------------------------------
-    def commit(self, block_ids, token_ids, *, now: float, tenant: str = "", num_tokens: int | None = None) -> int:
+    def page_hash_chain(self, token_ids, *, tenant: str = "") -> PageHashes:
+        """A PageHashes for an append-only token list of this pool's model and `tenant`, to pass as `hashes=`
+        to acquire_prefix / peek_prefix / commit on every call about that list."""
+        return PageHashes(token_ids, self.block_size, self._root(tenant))
+
+    def _chain(self, tokens, tenant: str, hashes: PageHashes | None) -> PageHashes:
+        """The caller's chain (checked to belong to tokens, tenant and this pool) or a fresh one."""
+        if hashes is None:
+            return PageHashes(tokens, self.block_size, self._root(tenant))
+        if not isinstance(hashes, PageHashes):
+            raise TypeError(f"hashes: expected a PageHashes, got {type(hashes).__name__}")
+        if hashes.tokens is not tokens or hashes.block_size != self.block_size or hashes.root != self._root(tenant):
+            raise ValueError("hashes: built for another token list, tenant, model or block size "
+                             "(use BlockPool.page_hash_chain(token_ids, tenant=...))")
+        hashes.extend_to(0)   # O(1) check: drops known pages the token list no longer holds (append-only)
+        return hashes
+
+    def commit(self, block_ids, token_ids, *, now: float, tenant: str = "", num_tokens: int | None = None,
+               hashes: PageHashes | None = None) -> int:
         """Register the full pages of a sequence (page i holds token_ids[i*bs:(i+1)*bs]) in the prefix cache
         under the chained hash of (parent, tokens, model id, tenant). The partial last page is not registered.
         num_tokens: how many leading tokens have their KV written (default: all of token_ids), so an engine
-        can pass a sequence's whole token list without copying it. Idempotent; only pages after the last
-        registered one are hashed. Returns the number of pages that became cache entries (a page whose content
-        is already cached elsewhere gets the hash, for the chain, but stays private and is freed on release)."""
+        can pass a sequence's whole token list without copying it. hashes: the list's PageHashes
+        (page_hash_chain): pages an earlier lookup or commit hashed into it are not hashed again, the pages
+        hashed here are added to it. Idempotent; only pages after the last registered one are hashed.
+        Returns the number of pages that became cache entries (a page whose content is already cached
+        elsewhere gets the hash, for the chain, but stays private and is freed on release)."""
         self._clock(now)
         tokens = as_token_sequence(token_ids)
         bs = self.block_size
         n_tokens = len(tokens) if num_tokens is None else min(num_tokens, len(tokens))
         n_full = min(len(block_ids), n_tokens // bs)
-        hashes = self._hash
+        page_hash = self._hash
         first = n_full
-        while first > 0 and hashes[block_ids[first - 1]] is None:
+        while first > 0 and page_hash[block_ids[first - 1]] is None:
             first -= 1
         if first == n_full:
             return 0
-        parent = hashes[block_ids[first - 1]] if first else self._root(tenant)
         ref, n = self._ref, self.num_blocks
         for i in range(first, n_full):  # validate before changing anything
             b = block_ids[i]
             if not 0 <= b < n or ref[b] <= 0:
                 raise ValueError(f"block_ids: page {b} is not owned (ref count 0) or out of range")
-        cache, keys, spill_index, registered = self._cache, self._key, self._spill_index, 0
+        parent = page_hash[block_ids[first - 1]] if first else self._root(tenant)
+        chain = self._chain(tokens, tenant, hashes) if hashes is not None else None
+        if chain is not None and (len(chain) < first
+                                  or (chain.hashes[first - 1] if first else chain.root) != parent):
+            chain = None   # the chain does not reach (or disagrees with) the registered pages: not used
+        known = len(chain) if chain is not None else 0
+        cache, page_key, spill_index, registered = self._cache, self._key, self._spill_index, 0
         start = first * bs
         for i in range(first, n_full):
             b = block_ids[i]
-            key = (parent, tuple(tokens[start:start + bs]))
+            if i < known:  # hashed by an earlier lookup or commit
+                parent, key = chain.hashes[i], chain.keys[i]
+            else:
+                key = (parent, tuple(tokens[start:start + bs]))
+                parent = hash(key)
+                if chain is not None:  # remembered for later lookups of this sequence
+                    chain.hashes.append(parent)
+                    chain.keys.append(key)
             start += bs
-            parent = hash(key)
-            hashes[b] = parent
-            keys[b] = key
+            page_hash[b] = parent
+            page_key[b] = key
             if parent not in cache:
                 cache[parent] = b
                 if spill_index:

@@ -6,9 +6,10 @@ on the pool's state (block_pool.py documents it), not on its own.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
-from .prefix_hash import as_token_sequence
+from .prefix_hash import PageHashes, as_token_sequence
 
 
 @dataclass
@@ -22,51 +23,90 @@ class PrefixMatch:
     ready_event: object | None = None  # CUDA event the forward must stream-wait on before reading the pages
 
 
+def _walk(chain: PageHashes, num_pages: int, first: int = 0):
+    """An iterator over (hash, key) of pages first..num_pages-1 of the chain's tokens; unknown pages are
+    hashed lazily (a lookup that misses early hashes no further) and remembered in the chain."""
+    if len(chain.hashes) >= num_pages:
+        return zip(chain.hashes[first:num_pages], chain.keys[first:num_pages])
+    return _walk_lazily(chain, num_pages, first)
+
+
+def _walk_lazily(chain: PageHashes, num_pages: int, first: int):
+    hashes, keys = chain.hashes, chain.keys
+    known = len(hashes)
+    yield from zip(hashes[first:], keys[first:])
+    tokens, bs = chain.tokens, chain.block_size
+    parent = hashes[-1] if known else chain.root
+    for start in range(max(known, first) * bs, num_pages * bs, bs):
+        key = (parent, tuple(tokens[start:start + bs]))
+        parent = hash(key)
+        hashes.append(parent)
+        keys.append(key)
+        yield parent, key
+
+
+def _walk_from(chain: PageHashes, first_page: tuple, first: int, num_pages: int):
+    """(hash, key) of pages first..num_pages-1, page `first` being given, the rest hashed lazily (not kept)."""
+    parent, key = first_page
+    yield parent, key
+    tokens, bs = chain.tokens, chain.block_size
+    for start in range((first + 1) * bs, num_pages * bs, bs):
+        key = (parent, tuple(tokens[start:start + bs]))
+        parent = hash(key)
+        yield parent, key
+
+
 class PrefixLookup:
-    def peek_prefix(self, token_ids, *, tenant: str = "", max_tokens: int | None = None) -> tuple[int, int]:
+    def peek_prefix(self, token_ids, *, tenant: str = "", max_tokens: int | None = None,
+                    hashes: PageHashes | None = None) -> tuple[int, int]:
         """(device_tokens, host_tokens) of the longest cached prefix, without taking references, touching
-        LRUs or moving bytes: how much of a shadow job's sequence the instance already holds."""
+        LRUs or moving bytes: how much of a shadow job's sequence the instance already holds.
+        hashes: token_ids' PageHashes (BlockPool.page_hash_chain), to skip re-hashing known pages."""
         tokens = as_token_sequence(token_ids)
         bs = self.block_size
         limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
-        parent, device, host, tier = self._root(tenant), 0, 0, self.host_tier
-        for i in range(limit // bs):
-            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
-            h = hash(key)
-            b = self._cache.get(h)
+        chain = self._chain(tokens, tenant, hashes)
+        device, host, tier = 0, 0, self.host_tier
+        cache_get, spill_get, page_key = self._cache.get, self._spill_index.get, self._key
+        for h, key in _walk(chain, limit // bs):
+            b = cache_get(h)
             if b is None:
-                b = self._spill_index.get(h)
-            if b is not None and self._key[b] == key:
+                b = spill_get(h)
+            if b is not None and page_key[b] == key:
                 device += bs
             elif tier is not None and tier.peek(h, key) >= 0:
                 host += bs
             else:
                 break
-            parent = h
         return device, host
 
     def acquire_prefix(self, token_ids, *, now: float, tenant: str = "", shadow: bool = False,
-                       promote: bool = False, max_tokens: int | None = None) -> PrefixMatch:
+                       promote: bool = False, max_tokens: int | None = None,
+                       hashes: PageHashes | None = None) -> PrefixMatch:
         """Take the longest cached prefix of full pages of token_ids (at most max_tokens tokens).
 
         Each page is found on the device (a page whose spill is in flight is taken back, the eviction
         cancelled) or in the host tier; host pages are reloaded into fresh pages of the caller's class,
         stopping at the first one that cannot be allocated now. One reference is taken on every returned
-        page. promote=True (a routed request) turns hit shadow pages into normal ones (paper §3.3)."""
+        page. promote=True (a routed request) turns hit shadow pages into normal ones (paper §3.3).
+        hashes: token_ids' PageHashes (BlockPool.page_hash_chain): pages hashed by an earlier call are not
+        hashed again, and the ones hashed now are kept for the next call and for commit."""
         self._clock(now)
         tokens = as_token_sequence(token_ids)
         bs = self.block_size
         limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
-        cache, keys, ref, lru, flags = self._cache, self._key, self._ref, self._lru, self._shadow
+        chain = self._chain(tokens, tenant, hashes)
+        cache_get, keys, ref, lru, flags = self._cache.get, self._key, self._ref, self._lru, self._shadow
         host, spill_index = self.host_tier, self._spill_index
-        parent = self._root(tenant)
-        blocks: list = []        # prefix order; a host entry where a page must be reloaded
-        num_host = 0
-        for i in range(limit // bs):
-            start = i * bs
-            key = (parent, tuple(tokens[start:start + bs]))
-            h = hash(key)
-            b = cache.get(h)
+        num_pages, num_host = limit // bs, 0
+        # prefix order; host entries are added as tuples. A fresh chain (no hashes=) is not filled: it dies here
+        blocks, miss = self._device_run(chain, num_pages, remember=hashes is not None)
+        if miss is None:   # pages after the device run: known to the chain or hashed lazily
+            rest = _walk(chain, num_pages, len(blocks))
+        else:
+            rest = _walk_from(chain, miss, len(blocks), num_pages)
+        for h, key in rest:
+            b = cache_get(h)
             if b is not None and keys[b] == key:
                 if ref[b] == 0:
                     del lru[flags[b]][b]
@@ -79,12 +119,11 @@ class PrefixLookup:
                 num_host += 1
             else:
                 break
-            parent = h
         ready, reloaded, shadow_pages = None, (), 0
         if num_host:
             ready, reloaded, shadow_pages = self._reload_into(blocks, now, shadow, promote)
         side_copy = self._side_copy
-        for b in blocks:
+        for b in (blocks if self._num_shadow or side_copy else ()):   # (else: no shadow page, no copy)
             if reloaded and b in reloaded:
                 continue
             if flags[b]:
@@ -105,6 +144,42 @@ class PrefixLookup:
         st.shadow_hit_tokens += shadow_pages * bs
         return PrefixMatch(blocks, matched, device_pages * bs, matched - device_pages * bs, shadow_pages * bs,
                            ready)
+
+    def _device_run(self, chain: PageHashes, num_pages: int, remember: bool) -> tuple[list[int], tuple | None]:
+        """The leading device hits among the first num_pages pages of chain, with a reference taken on each.
+        Known hashes are looked up in bulk (C-level map/index); then pages are hashed one by one (remembered
+        in the chain if `remember`), up to and including the first one that is not a device hit. Returns
+        (the pages, (hash, key) of that first other page when it was hashed here and not remembered)."""
+        hashes, keys = chain.hashes, chain.keys
+        run = list(map(self._cache.get, hashes[:num_pages]))
+        if None in run:
+            del run[run.index(None):]
+        same_key = list(map(operator.eq, map(self._key.__getitem__, run), keys))
+        if False in same_key:   # a hash collision: stop where the keys differ
+            del run[same_key.index(False):]
+        ref, lru, flags = self._ref, self._lru, self._shadow
+        for b in run:
+            if not ref[b]:
+                del lru[flags[b]][b]
+            ref[b] += 1      # taken now, so reload allocations cannot evict it
+        if len(run) < len(hashes) or len(run) >= num_pages:
+            return run, None
+        cache_get, page_key, tokens, bs = self._cache.get, self._key, chain.tokens, chain.block_size
+        parent = hashes[-1] if hashes else chain.root
+        for start in range(len(hashes) * bs, num_pages * bs, bs):
+            key = (parent, tuple(tokens[start:start + bs]))
+            parent = hash(key)
+            if remember:
+                hashes.append(parent)
+                keys.append(key)
+            b = cache_get(parent)
+            if b is None or page_key[b] != key:
+                return run, None if remember else (parent, key)
+            if not ref[b]:
+                del lru[flags[b]][b]
+            ref[b] += 1
+            run.append(b)
+        return run, None
 
     def _reload_into(self, blocks: list, now: float, shadow: bool, promote: bool):
         """Replace the host entries (tuples) in `blocks` by fresh pages of the caller's class holding their

@@ -39,12 +39,13 @@ class ShadowChunk:
     """Shadow work of one iteration: tokens [start, start + num_new) of a job's history, written into
     shadow-class pages; produces no token. Holds page references only while in flight."""
 
-    __slots__ = ("job", "token_ids", "start", "num_new", "block_ids", "version", "ready_event")
+    __slots__ = ("job", "token_ids", "start", "num_new", "block_ids", "version", "ready_event", "page_hashes")
 
     def __init__(self, job: ShadowJob, token_ids: list[int], start: int, num_new: int, block_ids: list[int],
-                 ready_event=None) -> None:
+                 ready_event=None, page_hashes=None) -> None:
         self.job = job
-        self.token_ids = token_ids      # the job's history up to start + num_new (a snapshot)
+        self.token_ids = token_ids      # the job's history; [0, start + num_new) is what the chunk computes
+        self.page_hashes = page_hashes  # token_ids' kv.PageHashes (None: commit hashes the new pages)
         self.start = start
         self.num_new = num_new
         self.block_ids = block_ids
@@ -164,8 +165,10 @@ class ShadowController:
                 if room < smallest:
                     break
             limit = job.shadowable_tokens(bs)
+            if job.page_hashes is None or job.page_hashes.tokens is not job.token_ids:
+                job.page_hashes = self.pool.page_hash_chain(job.token_ids, tenant=job.tenant)
             match = self.pool.acquire_prefix(job.token_ids, now=now, tenant=job.tenant, shadow=True,
-                                             max_tokens=limit)
+                                             max_tokens=limit, hashes=job.page_hashes)
             start = match.num_tokens
             job.num_cached = start
             k = min(limit - start, room, pred.max_chunk(used, start, b))                       # line 10
@@ -177,8 +180,9 @@ class ShadowController:
             if blocks is None:                                                                  # line 11
                 self.pool.release(match.block_ids, now=now)
                 break
-            chunks.append(ShadowChunk(job, job.token_ids[:start + k], start, k,
-                                      list(match.block_ids) + blocks, match.ready_event))
+            # the job's token list is only appended to (a rewrite replaces it): no O(context) snapshot copy
+            chunks.append(ShadowChunk(job, job.token_ids, start, k, list(match.block_ids) + blocks,
+                                      match.ready_event, job.page_hashes))
             batch.reload_tokens += match.host_tokens
             added = pred.chunk_time(k, start)
             used += added
@@ -202,7 +206,9 @@ class ShadowController:
         total = 0
         for c in chunks:
             end = c.start + c.num_new
-            self.pool.commit(c.block_ids, c.token_ids, now=now, tenant=c.job.tenant)
+            hashes = c.page_hashes if c.page_hashes is not None and c.page_hashes.tokens is c.token_ids else None
+            self.pool.commit(c.block_ids, c.token_ids, now=now, tenant=c.job.tenant, num_tokens=end,
+                             hashes=hashes)
             self.pool.release(c.block_ids, now=now)
             job = c.job
             job.tokens_computed += c.num_new

@@ -57,7 +57,7 @@ class ShadowJob:
     """The history one session should have cached on this engine, and how much is cached already."""
 
     __slots__ = ("session_id", "token_ids", "num_cached", "switch_prob", "tenant", "seq", "version",
-                 "updated_at", "tokens_computed", "in_flight")
+                 "updated_at", "tokens_computed", "in_flight", "page_hashes")
 
     def __init__(self, session_id: str, token_ids: list[int], switch_prob: float, tenant: str, seq: int,
                  now: float) -> None:
@@ -71,6 +71,7 @@ class ShadowJob:
         self.updated_at = now
         self.tokens_computed = 0     # shadow tokens this job has prefilled (stats)
         self.in_flight = 0           # tokens of a chunk currently executing
+        self.page_hashes = None      # kv.PageHashes of token_ids (set by the controller): pages hashed once
 
     def shadowable_tokens(self, block_size: int) -> int:
         """Tokens in whole pages: the part of the history a shadow can make resident."""
@@ -91,11 +92,14 @@ class ShadowJob:
         old = self.token_ids
         if len(token_ids) >= len(old) and token_ids[:len(old)] == old:
             self.token_ids = token_ids
+            kept = len(old)
         else:
-            lcp = common_prefix_length(old, token_ids)
+            kept = lcp = common_prefix_length(old, token_ids)
             self.token_ids = token_ids
             self.num_cached = min(self.num_cached, lcp // block_size * block_size)
             self.version += 1
+        if self.page_hashes is not None:   # keep the hashes of the pages both histories share
+            self.page_hashes.retarget(token_ids, kept // block_size)
         self.updated_at = now
 
     def __repr__(self) -> str:
