@@ -15,6 +15,7 @@ SUBSYSTEMS = [
     "shadowprefill.selfcheck",
     "shadowprefill.gateway.cli",
     "shadowprefill.serve.cli",
+    "shadowprefill.sim.cli",
 ]
 
 

@@ -1,0 +1,167 @@
+"""Discrete-event simulator: determinism, conservation, the direction of the paper's effects on a small
+constructed workload, and an end-to-end `simulate` CLI run. Tiny durations (a few simulated seconds)."""
+import json
+
+import pytest
+
+from shadowprefill.cluster.workloads import Call, Session
+from shadowprefill.sim.cli import main as cli_main
+from shadowprefill.sim.metrics import compare, summarize
+from shadowprefill.sim.simulator import SimConfig, Simulator
+
+SMALL, LARGE = "Qwen2.5-7B", "Llama-3.1-8B"
+_CACHE: dict = {}
+
+
+def constructed_sessions(n=6, calls=6, first=3000):
+    """n sessions arriving 2.5 s apart; the route switches model every second call (calls 2, 4, ...)."""
+    out = []
+    for i in range(n):
+        cs = [Call((SMALL, LARGE)[(k // 2 + i) % 2], first if k == 0 else 400 + 37 * k, 40 + 5 * k,
+                   gap_s=0.0 if k == 0 else 1.0) for k in range(calls)]
+        out.append(Session(f"s{i}", f"tenant{i % 2}", f"task{i % 3}", 2.5 * i, cs))
+    return out
+
+
+def config(**kw):
+    base = dict(models=(SMALL, LARGE), instances=1, normal_rate={SMALL: 1.0, LARGE: 1.0}, duration_s=15.0,
+                warmup_s=0.0, max_drain_s=600.0, seed=3)
+    base.update(kw)
+    return SimConfig(**base)
+
+
+def run(policy, sessions=None, **kw):
+    sessions = constructed_sessions() if sessions is None else sessions
+    return Simulator(config(**kw), policy, sessions, latency_cache=_CACHE).run()
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {p: run(p) for p in ("no-shadow", "harvest-slo", "oracle")}
+
+
+def test_deterministic_for_a_seed(runs):
+    again = run("harvest-slo")
+    first = runs["harvest-slo"]
+    assert [(c.key, c.arrival, c.first_token, c.finish, c.cached_tokens) for c in again.calls] == \
+           [(c.key, c.arrival, c.first_token, c.finish, c.cached_tokens) for c in first.calls]
+    assert [(r.request_id, r.finish) for r in again.normal] == [(r.request_id, r.finish) for r in first.normal]
+    assert again.shadow_tokens == first.shadow_tokens > 0
+    other_seed = run("harvest-slo", seed=4)
+    assert [r.arrival for r in other_seed.normal] != [r.arrival for r in first.normal]
+
+
+def test_every_call_completes_and_tokens_add_up(runs):
+    sessions = {s.session_id: s for s in constructed_sessions()}
+    for name, r in runs.items():
+        assert r.sessions_unfinished == 0
+        assert sorted(c.key for c in r.calls) == sorted((s, k) for s in sessions for k in range(6))
+        for c in r.calls:
+            s = sessions[c.session_id]
+            assert c.prompt_tokens == s.prompt_len(c.call_index)
+            assert c.output_tokens == s.calls[c.call_index].output_tokens
+            assert 0 <= c.cached_tokens < c.prompt_tokens
+            assert c.arrival < c.first_token <= c.finish
+            assert c.is_switch == (c.call_index > 0 and s.calls[c.call_index].model
+                                   != s.calls[c.call_index - 1].model)
+            if c.call_index:                      # issued after the previous call completed + the tool gap
+                prev = next(p for p in r.calls if p.key == (c.session_id, c.call_index - 1))
+                assert c.arrival == pytest.approx(prev.finish + s.calls[c.call_index].gap_s)
+        assert r.normal and all(n.finish is not None for n in r.normal)
+    # prefill work of routed calls = their uncached prompt tokens (no preemption at this load)
+    sim = Simulator(config(), "harvest-slo", constructed_sessions(), latency_cache=_CACHE)
+    r = sim.run()
+    engines = [i.engine for i in sim.instances]
+    assert sum(e.stats.preemptions for e in engines) == 0
+    assert sum(e.stats.prefill_tokens_routed for e in engines) == sum(c.prompt_tokens - c.cached_tokens
+                                                                      for c in r.calls)
+    assert r.shadow_tokens == sum(e.stats.shadow_tokens for e in engines) > 0
+    assert 0 <= r.shadow_tokens_used <= r.shadow_tokens
+
+
+def test_harvest_raises_switch_hits_and_keeps_normal_slo(runs):
+    res = compare(runs)
+    base, harvest = res["no-shadow"], res["harvest-slo"]
+    assert base["num_switch_calls"] == harvest["num_switch_calls"] == 6 * 2
+    assert harvest["switch_hit_rate"] > base["switch_hit_rate"] + 0.2
+    assert harvest["switch_call_ttft_mean_s"] < base["switch_call_ttft_mean_s"]
+    assert harvest["token_cost"] < base["token_cost"]
+    assert harvest["normal_slo_attainment"] >= base["normal_slo_attainment"] - 0.01
+    assert base["shadow_tokens"] == 0
+
+
+def test_oracle_bounds_harvest(runs):
+    res = compare(runs)
+    oracle, harvest = res["oracle"], res["harvest-slo"]
+    assert oracle["switch_hit_rate"] >= harvest["switch_hit_rate"]
+    assert oracle["switch_call_ttft_mean_s"] <= harvest["switch_call_ttft_mean_s"] * 1.02
+    # Oracle's switch calls find at least the whole pages of the history their prompt keeps
+    sessions = {s.session_id: s for s in constructed_sessions()}
+    for c in runs["oracle"].calls:
+        if c.is_switch:
+            kept = sessions[c.session_id].kept_prefix(c.call_index)
+            assert c.cached_tokens >= kept // 16 * 16
+    assert res["oracle"]["switch_latency_gain_vs_oracle"] is None     # no Oracle+Host in this comparison
+
+
+def test_measurement_window_and_drain():
+    sessions = constructed_sessions()
+    r = run("no-shadow", sessions, warmup_s=5.0, duration_s=6.0)
+    measured = {s.session_id for s in sessions if 5.0 <= s.arrival_s < 11.0}
+    assert {c.session_id for c in r.calls if c.measured} == measured
+    assert r.sessions_measured == len(measured) and r.sessions_unfinished == 0
+    assert all(5.0 <= n.arrival < 11.0 for n in r.normal)
+    assert {c.session_id for c in r.calls} == {s.session_id for s in sessions if s.arrival_s < 11.0}
+    s = summarize(r)
+    assert s["num_calls"] == 6 * len(measured)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="models"):
+        SimConfig(models=(SMALL, SMALL))
+    with pytest.raises(ValueError, match="instances"):
+        SimConfig(models=(SMALL,), instances=0)
+    with pytest.raises(ValueError, match="duration_s"):
+        SimConfig(models=(SMALL,), duration_s=0)
+    with pytest.raises(TypeError, match="config"):
+        Simulator({"models": (SMALL,)}, "no-shadow", [])
+    with pytest.raises(ValueError, match="not among models"):
+        Simulator(SimConfig(models=(SMALL,)), "no-shadow", constructed_sessions(n=1))
+
+
+def test_simulate_cli_writes_the_json_keys(tmp_path):
+    out, figs = tmp_path / "run.json", tmp_path / "figs"
+    rc = cli_main(["simulate", "--workload", "fusionbench", "--pair", f"{SMALL}/{LARGE}", "--policies",
+                   "no-shadow,harvest-slo+host,oracle+host", "--duration", "20", "--warmup", "2", "--instances",
+                   "1", "--session-rate", "0.3", "--capacity", f"{SMALL}=2,{LARGE}=2", "--rho", "0.5",
+                   "--seed", "1", "--out", str(out), "--plot", str(figs), "--quiet"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert set(data) == {"config", "policies"}
+    assert data["config"]["normal_rate_per_instance"] == {SMALL: 1.0, LARGE: 1.0}
+    assert list(data["policies"]) == ["no-shadow", "harvest-slo+host", "oracle+host"]
+    for p in data["policies"].values():
+        for key in ("switch_call_latency_mean_s", "switch_call_ttft_mean_s", "llm_call_latency_mean_s",
+                    "switch_hit_rate", "hit_rate", "token_cost", "normal_slo_attainment",
+                    "energy_per_good_request_j", "shadow_tokens", "shadow_tokens_unused", "num_switch_calls",
+                    "num_calls"):
+            assert key in p
+        assert p["num_calls"] > 0
+    assert data["policies"]["oracle+host"]["switch_latency_gain_vs_oracle"] == pytest.approx(1.0)
+    assert sorted(f.name for f in figs.iterdir()) == ["hit_rates.png", "reductions.png", "switch_cdfs.png"]
+
+
+def test_sweep_cli_runs_points_in_processes(tmp_path):
+    out = tmp_path / "sweep.json"
+    rc = cli_main(["sweep", "--param", "beta", "--values", "0.25,1.0", "--workload", "fusionbench", "--pair",
+                   f"{SMALL}/{LARGE}", "--policies", "no-shadow,harvest-slo", "--duration", "8", "--warmup", "1",
+                   "--instances", "1", "--session-rate", "0.5", "--capacity", f"{SMALL}=2,{LARGE}=2",
+                   "--jobs", "2", "--out", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["param"] == "beta" and data["values"] == [0.25, 1.0]
+    assert [p["value"] for p in data["points"]] == [0.25, 1.0]
+    for point in data["points"]:
+        assert point["config"]["sim"]["beta"] == point["value"]
+        assert set(point["policies"]) == {"no-shadow", "harvest-slo"}
+        assert point["policies"]["harvest-slo"]["num_calls"] > 0
