@@ -14,9 +14,10 @@ appendix D.1) and "no-shadow" otherwise, the simulator's policy names.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
+
+from shadowprefill.cluster.call_stats import mean, percentile, token_hit_rate
 
 
 @dataclass
@@ -54,29 +55,6 @@ class ServeCall:
         return d
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return float(sum(values) / len(values)) if values else None
-
-
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(s) - 1)
-    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
-
-
-def _hit_rate(calls: Iterable[ServeCall]) -> float | None:
-    prompt = cached = 0
-    for c in calls:
-        if c.prompt_tokens and c.cached_tokens is not None:
-            prompt += c.prompt_tokens
-            cached += c.cached_tokens
-    return cached / prompt if prompt else None
-
-
 def summarize(calls: Sequence[ServeCall]) -> dict:
     """The simulator's §5 call metrics over successful calls (see module docstring)."""
     ok = [c for c in calls if c.status == 200 and c.error is None]
@@ -91,18 +69,18 @@ def summarize(calls: Sequence[ServeCall]) -> dict:
         "num_switch_calls": len(switch),
         "num_sessions": len(per_session),
         "num_failed_calls": len(calls) - len(ok),
-        "switch_call_latency_mean_s": _mean([c.latency for c in switch]),
-        "switch_call_latency_p50_s": _percentile([c.latency for c in switch], 50),
-        "switch_call_latency_p99_s": _percentile([c.latency for c in switch], 99),
-        "switch_call_ttft_mean_s": _mean(switch_ttft),
-        "switch_call_ttft_p50_s": _percentile(switch_ttft, 50),
-        "llm_call_latency_mean_s": _mean([c.latency for c in ok]),
-        "llm_call_ttft_mean_s": _mean([c.ttft for c in ok if c.ttft is not None]),
-        "same_model_call_latency_mean_s": _mean([c.latency for c in ok if not c.is_switch]),
-        "llm_time_per_session_s": _mean(list(per_session.values())),
-        "switch_hit_rate": _hit_rate(switch),
-        "hit_rate": _hit_rate(ok),
-        "same_model_hit_rate": _hit_rate(c for c in ok if not c.is_switch),
+        "switch_call_latency_mean_s": mean([c.latency for c in switch]),
+        "switch_call_latency_p50_s": percentile([c.latency for c in switch], 50),
+        "switch_call_latency_p99_s": percentile([c.latency for c in switch], 99),
+        "switch_call_ttft_mean_s": mean(switch_ttft),
+        "switch_call_ttft_p50_s": percentile(switch_ttft, 50),
+        "llm_call_latency_mean_s": mean([c.latency for c in ok]),
+        "llm_call_ttft_mean_s": mean([c.ttft for c in ok if c.ttft is not None]),
+        "same_model_call_latency_mean_s": mean([c.latency for c in ok if not c.is_switch]),
+        "llm_time_per_session_s": mean(list(per_session.values())),
+        "switch_hit_rate": token_hit_rate(switch),
+        "hit_rate": token_hit_rate(ok),
+        "same_model_hit_rate": token_hit_rate(c for c in ok if not c.is_switch),
     }
 
 

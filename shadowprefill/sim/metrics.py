@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable
+
+from shadowprefill.cluster.call_stats import mean, percentile, token_hit_rate
 
 from shadowprefill.model.catalog import get_model
 
@@ -126,28 +128,6 @@ class RunResult:
         return d
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return float(sum(values) / len(values)) if values else None
-
-
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(s) - 1)
-    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
-
-
-def _hit_rate(calls: Iterable[CallRecord]) -> float | None:
-    prompt = cached = 0
-    for c in calls:
-        prompt += c.prompt_tokens
-        cached += c.cached_tokens
-    return cached / prompt if prompt else None
-
-
 def summarize(run: RunResult, keys: "set[tuple[str, int]] | None" = None) -> dict:
     """The §5 metrics of one run, over its measured calls (restricted to `keys` when given)."""
     calls = [c for c in run.calls if c.measured and (keys is None or c.key in keys)]
@@ -165,17 +145,17 @@ def summarize(run: RunResult, keys: "set[tuple[str, int]] | None" = None) -> dic
         "num_calls": len(calls),
         "num_switch_calls": len(switch),
         "num_sessions": len(per_session),
-        "switch_call_latency_mean_s": _mean([c.latency for c in switch]),
-        "switch_call_latency_p50_s": _percentile([c.latency for c in switch], 50),
-        "switch_call_latency_p99_s": _percentile([c.latency for c in switch], 99),
-        "switch_call_ttft_mean_s": _mean([c.ttft for c in switch]),
-        "llm_call_latency_mean_s": _mean([c.latency for c in calls]),
-        "llm_call_ttft_mean_s": _mean([c.ttft for c in calls]),
-        "same_model_call_latency_mean_s": _mean([c.latency for c in calls if not c.is_switch]),
-        "llm_time_per_session_s": _mean(list(per_session.values())),
-        "switch_hit_rate": _hit_rate(switch),
-        "hit_rate": _hit_rate(calls),
-        "same_model_hit_rate": _hit_rate(c for c in calls if not c.is_switch),
+        "switch_call_latency_mean_s": mean([c.latency for c in switch]),
+        "switch_call_latency_p50_s": percentile([c.latency for c in switch], 50),
+        "switch_call_latency_p99_s": percentile([c.latency for c in switch], 99),
+        "switch_call_ttft_mean_s": mean([c.ttft for c in switch]),
+        "llm_call_latency_mean_s": mean([c.latency for c in calls]),
+        "llm_call_ttft_mean_s": mean([c.ttft for c in calls]),
+        "same_model_call_latency_mean_s": mean([c.latency for c in calls if not c.is_switch]),
+        "llm_time_per_session_s": mean(list(per_session.values())),
+        "switch_hit_rate": token_hit_rate(switch),
+        "hit_rate": token_hit_rate(calls),
+        "same_model_hit_rate": token_hit_rate(c for c in calls if not c.is_switch),
         "token_cost": float(sum(c.cost() for c in calls)),
         "normal_requests": len(run.normal),
         "normal_slo_attainment": normal_met / len(run.normal) if run.normal else None,
