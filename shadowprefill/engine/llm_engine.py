@@ -18,6 +18,7 @@ duration; the simulator moves the (shared, virtual) clock to its end and calls `
 from __future__ import annotations
 
 import itertools
+import math
 
 from shadowprefill.engine.clock import Clock, VirtualClock, WallClock
 from shadowprefill.engine.config import EngineConfig
@@ -31,6 +32,9 @@ from shadowprefill.kv.host_tier import HostTier
 from shadowprefill.kv.spec import KVCacheSpec
 from shadowprefill.shadow.controller import ShadowController
 from shadowprefill.shadow.jobs import ShadowJobQueue, check_token_ids
+
+
+SHADOW_RETRY_S = 0.1   # seconds before an engine retries shadow work that could not run
 
 
 class Iteration:
@@ -104,7 +108,7 @@ class LLMEngine:
         self._eager: dict[str, tuple[list[int], Request | None, str]] = {}   # session -> (history, request, tenant)
         self._seq = itertools.count()
         self._in_flight: Iteration | None = None
-        self._shadow_stalled = False
+        self._shadow_retry_at = -math.inf          # shadow work that could not run is retried from then on
         self._stats = EngineStats()
 
     # ------------------------------------------------------------------------------------ requests
@@ -152,7 +156,7 @@ class LLMEngine:
             self.cancel_shadow(session_id)
         self._requests[request_id] = r
         self.scheduler.add(r)
-        self._shadow_stalled = False
+        self._shadow_retry_at = -math.inf
         return r
 
     def abort_request(self, request_id: str) -> None:
@@ -177,7 +181,7 @@ class LLMEngine:
             self._submit_eager(session_id, tokens, tenant, now)
             return
         self.jobs.upsert(session_id, token_ids, now=now, switch_prob=switch_prob, tenant=tenant)
-        self._shadow_stalled = False
+        self._shadow_retry_at = -math.inf
 
     def extend_shadow(self, session_id: str, token_ids) -> None:
         """Append tokens (streamed output) to a session's shadow history; creates no job."""
@@ -187,7 +191,7 @@ class LLMEngine:
             history.extend(check_token_ids("token_ids", token_ids))
         elif mode in ("harvest", "harvest-slo") and session_id in self.jobs:
             self.jobs.extend(session_id, token_ids, now=self.clock.now())
-            self._shadow_stalled = False
+            self._shadow_retry_at = -math.inf
 
     def cancel_shadow(self, session_id: str) -> None:
         """Forget a session's shadow job (pages already computed stay cached)."""
@@ -221,7 +225,7 @@ class LLMEngine:
         """Requests queued or running, or shadow work that can run now."""
         if self.scheduler.has_unfinished():
             return True
-        return (self.config.shadow_enabled and not self._shadow_stalled
+        return (self.config.shadow_enabled and self.clock.now() >= self._shadow_retry_at
                 and self.jobs.has_runnable(self.config.n_min, self.config.shadow_min_switch_prob))
 
     def step(self) -> list[RequestOutput]:
@@ -241,7 +245,9 @@ class LLMEngine:
         if self.config.shadow_enabled:
             batch.shadow_chunks = self.controller.plan(batch, now)
         if batch.is_empty:
-            self._shadow_stalled = True          # only shadow work was left and none can run now
+            # only shadow work was left and none can run now: what blocks it (shadow KV not yet cold, no
+            # slack, credit) changes with time, so offer it again after a short pause, or on new work
+            self._shadow_retry_at = now + SHADOW_RETRY_S
             return None
         result = self.executor.execute(batch)
         self._in_flight = Iteration(batch, result.tokens, result.duration, now)

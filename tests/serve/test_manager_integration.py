@@ -111,7 +111,11 @@ def test_streaming_is_passed_through_unchanged(manager, peers):
             # flat logits): compare the event structure only
             def shape(events):
                 return [(sorted(e), [sorted(c) for c in e["choices"]]) for e in events]
-            assert shape(via_manager)[:1] == shape(direct)[:1] and len(via_manager) == len(direct)
+            # different text splits into a different number of chunks (byte-level tokens), so only the
+            # first event's structure, the chunk count bound and the finish reason are comparable
+            assert shape(via_manager)[:1] == shape(direct)[:1]
+            assert 1 <= len(via_manager) <= body["max_tokens"] + 1
+            assert [c.get("finish_reason") for c in via_manager[-1]["choices"]] == ["length"]
             _report("stream_passthrough", {"peer": peers.kind, "reproducible_peer": False})
             continue
         if isinstance(prompt, str):

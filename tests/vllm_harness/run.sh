@@ -6,7 +6,7 @@
 #   3. two `vllm serve` processes on 127.0.0.1 (flags below), waited for on /health
 #   4. pytest tests/serve with SP_SERVE_PEERS pointing at them; measured numbers to $WORK/report.jsonl
 #   5. the replay table (measure.py) against them
-# Servers are always killed on exit (by their PIDs). Logs stay in $WORK.
+# Servers are always killed on exit (their whole process groups). Logs stay in $WORK.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
@@ -22,13 +22,15 @@ rm -f "$WORK/report.jsonl"
 
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+# each server runs in its own process group (setsid): killing the group also ends vLLM's EngineCore and
+# worker processes, which outlive a killed API server otherwise
+cleanup() { for p in "${PIDS[@]}"; do kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 start_server() {  # name -> port; pid appended to PIDS
   local name="$1" port="$2"
   # VLLM_TARGET_DEVICE=cpu: belt and braces for the platform detection that the +cpu shim also fixes
-  VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=nobind "$VENV/bin/vllm" serve "$WORK/models/$name" \
+  VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=nobind setsid "$VENV/bin/vllm" serve "$WORK/models/$name" \
     --host 127.0.0.1 --port "$port" --served-model-name "$name" \
     --enforce-eager --enable-prefix-caching --scheduling-policy priority --enable-prompt-tokens-details \
     --block-size 32 --kv-cache-memory-bytes 268435456 --dtype bfloat16 --max-model-len 4096 \
