@@ -9,7 +9,8 @@ arriving in the window (unfinished ones miss). The search doubles the rate until
 the target, then bisects (geometrically) between the last good and the first bad rate. Every probe uses the
 same seed (common random numbers), so attainment is close to monotone in the rate.
 
-Results are cached in a JSON file (`$SHADOWPREFILL_CACHE_DIR/capacity.json`, default
+Calibration always uses seed 0 (`CALIBRATION_SEED`), whatever the experiment's seed. Results are cached
+in a JSON file (`$SHADOWPREFILL_CACHE_DIR/capacity.json`, default
 `~/.cache/shadowprefill/`) keyed by everything that changes them. For reference, the paper's vLLM testbed
 measured 12.8, 11.0 and 3.8 requests/s for Qwen2.5-7B, Llama-3.1-8B (one H100) and Llama-3.1-70B (four).
 """
@@ -42,20 +43,23 @@ def cache_path() -> Path:
     return Path(root) / "capacity.json"
 
 
+CALIBRATION_SEED = 0   # capacity is a property of the deployment, not of an experiment's seed
+
+
 def _cache_key(model: str, config: SimConfig, lengths: str, duration_s: float, target: float) -> str:
     parts = dict(model=model, gpu=config.gpu, tp=config.tp.get(model), hbm=config.hbm_fraction,
                  block=config.block_size, budget=config.token_budget, seqs=config.max_seqs, lengths=lengths,
-                 duration=duration_s, seed=config.seed, target=target, v=1)
+                 duration=duration_s, seed=CALIBRATION_SEED, target=target, v=1)
     return json.dumps(parts, sort_keys=True)
 
 
 def attainment(model: str, rate: float, base: SimConfig, *, lengths: str = "conv", duration_s: float = 120.0,
-               warmup_s: float = 20.0) -> CapacityProbe:
+               warmup_s: float = 20.0, seed: int = CALIBRATION_SEED) -> CapacityProbe:
     """SLO attainment of one instance of `model` serving normal traffic alone at `rate` requests/s."""
     if not rate > 0:
         raise ValueError(f"rate must be > 0, got {rate}")
     cfg = SimConfig(models=(model,), instances=1, normal_rate={model: float(rate)}, duration_s=duration_s,
-                    warmup_s=warmup_s, max_drain_s=max(60.0, duration_s), seed=base.seed, gpu=base.gpu,
+                    warmup_s=warmup_s, max_drain_s=max(60.0, duration_s), seed=seed, gpu=base.gpu,
                     tp=dict(base.tp), hbm_fraction=base.hbm_fraction, block_size=base.block_size,
                     token_budget=base.token_budget, max_seqs=base.max_seqs)
     sim = Simulator(cfg, "no-shadow", [], normal_source=azure_normal_source(lengths))

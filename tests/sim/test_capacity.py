@@ -11,7 +11,7 @@ MODEL = "Qwen2.5-7B"
 
 def test_attainment_falls_with_load():
     base = SimConfig(models=(MODEL,), seed=1)
-    light = attainment(MODEL, 0.5, base, duration_s=15.0, warmup_s=2.0)
+    light = attainment(MODEL, 0.5, base, duration_s=15.0, warmup_s=2.0, seed=1)
     heavy = attainment(MODEL, 80.0, base, duration_s=8.0, warmup_s=1.0)
     assert light.requests > 0 and light.attainment == 1.0
     assert heavy.requests > 300 and heavy.attainment < 0.5

@@ -165,3 +165,27 @@ def test_sweep_cli_runs_points_in_processes(tmp_path):
         assert point["config"]["sim"]["beta"] == point["value"]
         assert set(point["policies"]) == {"no-shadow", "harvest-slo"}
         assert point["policies"]["harvest-slo"]["num_calls"] > 0
+
+
+def test_normal_sources_are_deterministic_and_scaled():
+    import itertools
+
+    import numpy as np
+
+    from shadowprefill.cluster.traces import TraceRecord
+    from shadowprefill.sim.deployment import azure_normal_source
+
+    src = azure_normal_source()
+    a = list(itertools.islice(src(SMALL, 0, 5.0, 1), 2000))
+    assert a == list(itertools.islice(src(SMALL, 0, 5.0, 1), 2000))
+    assert a != list(itertools.islice(src(SMALL, 1, 5.0, 1), 2000))      # each instance its own stream
+    times = np.array([x[0] for x in a])
+    assert np.all(np.diff(times) >= 0) and len(a) / times[-1] == pytest.approx(5.0, rel=0.1)
+    assert all(1 <= x[1] <= 8192 and 1 <= x[2] <= 1024 for x in a)
+    rng = np.random.default_rng(0)
+    records = [TraceRecord(float(t), int(p), int(o)) for t, p, o in
+               zip(np.sort(rng.uniform(0, 100, 300)), rng.integers(10, 5000, 300), rng.integers(1, 500, 300))]
+    replay = list(itertools.islice(azure_normal_source(records=records)(SMALL, 0, 6.0, 0), 1500))
+    t = np.array([x[0] for x in replay])
+    assert np.all(np.diff(t) >= 0) and len(replay) / t[-1] == pytest.approx(6.0, rel=0.1)   # looped, rescaled
+    assert sorted({(x[1], x[2]) for x in replay}) == sorted({(r.prompt_tokens, r.output_tokens) for r in records})
