@@ -9,8 +9,8 @@ lacks; the transfer and the decode-queue wait count toward TPOT.
 Shadow prefill: the session's shadow job runs on its sticky P instance of the other model (that engine's
 controller, with shadow-only iterations capped at 0.1 s); the sticky D instance of that model then pulls the
 shadow KV in `push_tokens` (4K) pushes whenever its inbound link is idle, into free decode memory held as
-evict-first shadow pages. At a switch, the P instance prefills only the uncached tail and the D instance
-receives only the tokens it lacks.
+evict-first shadow pages; pushed KV that D evicts again is lost, not re-sent. At a switch, the P instance
+prefills only the uncached tail and the D instance receives only the tokens it lacks.
 
 Modelling choices (the paper leaves them open): a D instance's link is one FIFO queue (normal and routed
 transfers queue behind at most one 4K shadow push); KV that arrives on a D instance is registered in its
@@ -82,6 +82,8 @@ class PDClusterManager(ClusterManager):
         self._job_progress: dict[tuple, int] = {}     # (id(P), session) -> job.num_cached last offered
         self.token_source: dict | None = None        # the driver's recorded-output table (request id -> ids)
         self.shadow_pushed_tokens = 0
+        self.shadow_push_lost = 0                     # pushes abandoned because D evicted earlier pushes
+        self._pushed_upto: dict[tuple, int] = {}      # (id(D), session) -> shadow prefix pushed so far
 
     # ------------------------------------------------------------------------------------------ helpers
     def _decode_for(self, session_id: str | None, model: str) -> Instance:
@@ -183,6 +185,7 @@ class PDClusterManager(ClusterManager):
         if ticket is not None:
             del self.tickets[rid]
             self.tickets[d_rid] = ticket
+            self._pushed_upto.pop((id(d), session), None)   # the session's own context on D from now on
             ticket.instance = d
             if self.token_source is not None and rid in self.token_source:
                 self.token_source[d_rid] = self.token_source[rid][1:]
@@ -261,15 +264,22 @@ class PDClusterManager(ClusterManager):
                 continue
             have_p = job.num_cached                     # the P engine's page-aligned belief
             have_d = sum(d.engine.cached_prefix_tokens(job.token_ids, tenant))
+            key = (id(d), session_id)
+            if have_d < self._pushed_upto.get(key, 0):   # D evicted pushed shadow KV: lost, never re-sent
+                self.shadow_push_lost += 1
+                del wanted[session_id]
+                continue
             n = min(self.push_tokens, have_p - have_d) // bs * bs
             if n < bs:
                 del wanted[session_id]
                 continue
             tokens = job.token_ids[:have_d + n]
             done_at = link.reserve(now, n * self.kv_bytes_per_token[d.model])
+            self._pushed_upto[key] = have_d + n
 
-            def arrive(d=d, tokens=tokens, tenant=tenant, n=n) -> None:
-                register_prefix(d.engine, tokens, tenant, shadow=True)
+            def arrive(d=d, tokens=tokens, tenant=tenant, n=n, key=key) -> None:
+                resident, _ = register_prefix(d.engine, tokens, tenant, shadow=True)
+                self._pushed_upto[key] = min(self._pushed_upto.get(key, 0), resident)
                 self.shadow_pushed_tokens += n
                 self._pump_link(d)
 

@@ -291,6 +291,7 @@ class Simulator:
         if isinstance(self.manager, PDClusterManager):
             links = self.manager.links.values()
             result.extra.update(shadow_pushed_tokens=self.manager.shadow_pushed_tokens,
+                                shadow_pushes_lost=self.manager.shadow_push_lost,
                                 link_bytes=sum(link.bytes_moved for link in links),
                                 link_busy_s=sum(link.busy_s for link in links))
 
