@@ -23,6 +23,9 @@ Two readings we had to fix, since the paper leaves them open:
   that keeps t̂ within b given the chunks before it, at its own cached context, and chunks below n_min
   are deferred (appendix C: each chunk re-reads the whole cached context). T in βT is the engine's TPOT
   SLO; `idle_cap_s` overrides βT.
+- A job whose cached prefix was spilled must reload it before its chunk can attend to it, and the batch
+  waits for that reload: the reload time (the latency model's `reload_time`, when it has one) counts in
+  t̂ like the chunk's compute, so a shadow never stretches an iteration past b through its reloads.
 
 Default SLOs (§5.1): TTFT ≤ max(1 s, 5 × isolated prefill), TPOT ≤ max(25 ms, 5 × batch-1 decode).
 """
@@ -73,6 +76,7 @@ class ShadowController:
         self.delta = config.effective_delta
         self.tpot_slo = tpot_slo if tpot_slo is not None else self.default_tpot_slo()
         self.cap = config.idle_cap_s if config.idle_cap_s is not None else config.beta * self.tpot_slo  # βT
+        self.reload_time = getattr(getattr(predictor, "latency_model", None), "reload_time", None)
         self.credit = 0.0
         self.credit_earned = 0.0
         self.credit_spent = 0.0
@@ -167,11 +171,20 @@ class ShadowController:
             limit = job.shadowable_tokens(bs)
             if job.page_hashes is None or job.page_hashes.tokens is not job.token_ids:
                 job.page_hashes = self.pool.page_hash_chain(job.token_ids, tenant=job.tenant)
+            if self.reload_time is not None and self.pool.host_tier is not None:
+                dev, host = self.pool.peek_prefix(job.token_ids, tenant=job.tenant, max_tokens=limit,
+                                                  hashes=job.page_hashes)
+                if host:                # no reload (acquire) unless the chunk fits beside it
+                    k = min(limit - dev - host, room, pred.max_chunk(used + self.reload_time(host), dev + host, b))
+                    if k - k % bs < smallest:
+                        job.num_cached = dev + host
+                        continue
             match = self.pool.acquire_prefix(job.token_ids, now=now, tenant=job.tenant, shadow=True,
                                              max_tokens=limit, hashes=job.page_hashes)
             start = match.num_tokens
             job.num_cached = start
-            k = min(limit - start, room, pred.max_chunk(used, start, b))                       # line 10
+            reload = self.reload_time(match.host_tokens) if match.host_tokens and self.reload_time else 0.0
+            k = min(limit - start, room, pred.max_chunk(used + reload, start, b))              # line 10
             k -= k % bs                                                                         # whole pages
             if k < smallest:                                                                    # line 12
                 self.pool.release(match.block_ids, now=now)
@@ -184,7 +197,7 @@ class ShadowController:
             chunks.append(ShadowChunk(job, job.token_ids, start, k, list(match.block_ids) + blocks,
                                       match.ready_event, job.page_hashes))
             batch.reload_tokens += match.host_tokens
-            added = pred.chunk_time(k, start)
+            added = pred.chunk_time(k, start) + reload
             used += added
             total += k
             if marginal:

@@ -314,3 +314,53 @@ def test_default_slos_follow_paper_rule():
     assert ctl.default_ttft_slo(5000) == pytest.approx(max(1.0, 5 * isolated))
     assert ctl.default_ttft_slo(10) == 1.0
     assert math.isclose(ctl.cap, 0.5 * ctl.tpot_slo)
+
+
+# ------------------------------------------------------------------------ host reloads count in t̂
+class ReloadingLatency(LinearLatency):
+    """LinearLatency plus a host-tier reload cost per token (the simulator's SimLatency has the same hook)."""
+
+    def __init__(self, seconds_per_token):
+        self.seconds_per_token = seconds_per_token
+
+    def reload_time(self, num_tokens):
+        return num_tokens * self.seconds_per_token
+
+
+def make_with_host(seconds_per_token, num_blocks=1024):
+    from shadowprefill.kv.host_tier import HostTier
+
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=BS, shadow_mode="harvest-slo", n_min=64, margin=M,
+                       tpot_slo_s=T)
+    pool = BlockPool(num_blocks, BS, host_tier=HostTier(num_pages=4096, page_bytes=1024), page_bytes=1024)
+    jobs = ShadowJobQueue(BS)
+    ctl = ShadowController(cfg, IterationPredictor(ReloadingLatency(seconds_per_token)), jobs, pool)
+    return ctl, pool, jobs
+
+
+def spill_to_host(pool, toks):
+    """Cache toks' pages, then push them to the host tier by allocating the whole pool as normal pages."""
+    precache(pool, toks)
+    everything = pool.allocate(pool.num_blocks, now=0.5)
+    assert everything is not None
+    pool.release(everything, now=0.5)
+    assert pool.peek_prefix(toks) == (0, len(toks))
+
+
+@pytest.mark.parametrize("seconds_per_token", [10e-6, 25e-6, 45e-6])
+def test_host_reload_counts_in_the_budget(seconds_per_token):
+    ctl, pool, jobs = make_with_host(seconds_per_token)
+    hist = tokens(4096)
+    spill_to_host(pool, hist[:512])
+    jobs.upsert("s", hist, now=1.0)
+    b = batch_of(1.0)
+    chunks = ctl.plan(b, 1.0)
+    reload = 512 * seconds_per_token
+    want = hand_tokens(0.5 * T, base=W[0] + reload, cached=512, pending=4096 - 512, room=2048, n_min=64)
+    assert planned(chunks) == want
+    if want == 0:      # the reload alone would overrun βT: nothing reloaded, the prefix stays on the host
+        assert chunks == [] and b.reload_tokens == 0
+        assert pool.peek_prefix(hist[:512]) == (0, 512)
+    else:
+        assert chunks[0].start == 512 and b.reload_tokens == 512
+        assert W[0] + reload + W[1] * want + W[2] * want * (512 + want) <= 0.5 * T
