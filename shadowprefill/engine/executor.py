@@ -133,5 +133,9 @@ class SimulatedExecutor(Executor):
         if self._reload is not None and batch.reload_tokens:
             duration += float(self._reload(batch.reload_tokens))
         fn = self.token_fn
-        tokens = [0] * len(batch.samples) if fn is None else [int(fn(r)) for r in batch.samples]
+        if fn is None:
+            return ExecuteResult([0] * len(batch.samples), duration)
+        tokens = list(map(fn, batch.samples))
+        if not {*map(type, tokens)} <= {int}:    # convert only what is not a plain int already
+            tokens = [int(t) for t in tokens]
         return ExecuteResult(tokens, duration)

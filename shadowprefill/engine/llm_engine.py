@@ -277,12 +277,13 @@ class LLMEngine:
     def _update(self, batch: ScheduledBatch, tokens: list[int], now: float) -> list[RequestOutput]:
         """Append sampled tokens (decodes first, then finished prefills: the order of batch.samples),
         keep Eq. 1's deadline f_r + (1-m)·T_r·(k_r+1), finish requests, register filled pages."""
-        scheduler, st = self.scheduler, self._stats
+        st = self._stats
         running = RequestStatus.RUNNING
         step = 1.0 - self.config.margin
         bs = self.config.block_size
         eos = self.config.eos_token_id
         outputs: list[RequestOutput] = []
+        emit = outputs.append
         finished = False
         decodes = batch.decodes
         num_decodes = len(decodes)
@@ -296,36 +297,44 @@ class LLMEngine:
                     st.prefill_tokens_routed += n
                 else:
                     st.prefill_tokens_normal += n
+        commit_full_pages = self.scheduler.commit_full_pages
         for i, r in enumerate(batch.samples):
             if r.status is not running:          # aborted while in flight
                 continue
-            if i < num_decodes:
-                r.num_computed_tokens += 1
             tok = tokens[i]
-            r.output_token_ids.append(tok)
+            out = r.output_token_ids
+            out.append(tok)
             r.all_token_ids.append(tok)
-            if r.first_token_time is None:
-                r.first_token_time = now
-                r.tpot_deadline = now + step * r.tpot_slo          # Eq. 1 with k_r = 0
-            else:
+            if i < num_decodes:                  # a decode (it has its first token already)
+                r.num_computed_tokens += 1
                 r.num_decode_iters += 1
                 r.tpot_deadline += step * r.tpot_slo               # Eq. 1: k_r -> k_r + 1
-            if len(r.output_token_ids) >= r.max_tokens or tok == eos:
+            elif r.first_token_time is None:
+                r.first_token_time = now
+                r.tpot_deadline = now + step * r.tpot_slo          # Eq. 1 with k_r = 0
+            else:                                # a recomputed prefill (after preemption)
+                r.num_decode_iters += 1
+                r.tpot_deadline += step * r.tpot_slo
+            num_out = len(out)
+            if num_out >= r.max_tokens or tok == eos:
                 self._finish(r, now, "stop" if tok == eos else "length")
                 finished = True
-            elif r.num_computed_tokens // bs > r.num_committed_blocks:
-                scheduler.commit_full_pages(r, now)
+                if not r.internal:
+                    emit(RequestOutput(r, num_out, True))
+                continue
+            if r.num_computed_tokens // bs > r.num_committed_blocks:
+                commit_full_pages(r, now)
             if not r.internal:
-                outputs.append(RequestOutput(r))
+                emit(RequestOutput(r, num_out, False))
         for r, n in batch.prefills:
             if r.status is running:
                 if r.num_computed_tokens == len(r.all_token_ids):    # prefill-only request done
                     self._finish(r, now, "prefilled")
                     finished = True
                 elif r.num_computed_tokens // bs > r.num_committed_blocks:
-                    scheduler.commit_full_pages(r, now)
+                    self.scheduler.commit_full_pages(r, now)
         if finished:
-            scheduler.remove_finished()
+            self.scheduler.remove_finished()
         return outputs
 
     def _finish(self, r: Request, now: float, reason: str) -> None:

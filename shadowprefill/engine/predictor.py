@@ -22,6 +22,7 @@ import numpy as np
 
 # Feature scales: keep the RLS well conditioned (tokens ~1e3, tokens x context ~1e6, ...).
 _SCALE = np.array([1.0, 1e-3, 1e-6, 1e-2, 1e-5])
+_SCALE_LIST = _SCALE.tolist()
 
 
 class LatencyModel(Protocol):
@@ -133,7 +134,7 @@ class IterationPredictor:
 
     def _set_weights(self) -> None:
         w = np.maximum(self._theta, 0.0) * _SCALE
-        self.w0, self.w1, self.w2, self.w3, self.w4 = (float(v) for v in w)
+        self.w0, self.w1, self.w2, self.w3, self.w4 = w.tolist()
 
     def observe(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int],
                 duration: float) -> None:
@@ -144,13 +145,14 @@ class IterationPredictor:
         """RLS update (forgetting factor λ) on one observation, weighted by 1/duration."""
         if not duration > 0 or not math.isfinite(duration):
             return
-        x = np.array((1.0,) + tuple(features), dtype=np.float64) * _SCALE / duration
+        # elementwise (f * scale) / duration in float64, as numpy computes it, without temporaries
+        x = np.array([1.0 / duration] + [float(f) * s / duration for f, s in zip(features, _SCALE_LIST[1:])])
         lam = self.forgetting
         px = self._P @ x
-        gain = px / (lam + x @ px)
-        self._theta = self._theta + gain * (1.0 - x @ self._theta)
-        self._P = (self._P - np.outer(gain, px)) / lam
-        trace = np.trace(self._P)
+        gain = px / (lam + float(x @ px))                # (scalars as Python floats: the same float64 ops)
+        self._theta = self._theta + gain * (1.0 - float(x @ self._theta))
+        self._P = (self._P - gain[:, None] * px) / lam  # outer product
+        trace = self._P.trace()
         if trace > 1e6:                                  # no wind-up in unexcited directions
             self._P *= 1e6 / trace
         self.num_observations += 1

@@ -128,16 +128,15 @@ class RequestOutput:
     request and a length; everything else is read from the request (fixed once set).
     """
 
-    __slots__ = ("_request", "_n", "finished")
+    __slots__ = ("_request", "_n", "finished", "request_id")
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, num_output_tokens: int | None = None, finished: bool | None = None) -> None:
+        """`num_output_tokens` / `finished`: the request's current values, when the caller knows them."""
         self._request = request
-        self._n = len(request.output_token_ids)   # outputs are append-only: a length is a snapshot
-        self.finished = request.status is RequestStatus.FINISHED
-
-    @property
-    def request_id(self) -> str:
-        return self._request.request_id
+        self.request_id = request.request_id
+        # outputs are append-only: a length is a snapshot
+        self._n = len(request.output_token_ids) if num_output_tokens is None else num_output_tokens
+        self.finished = request.status is RequestStatus.FINISHED if finished is None else finished
 
     @property
     def token_ids(self) -> list[int]:

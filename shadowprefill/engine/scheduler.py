@@ -13,9 +13,12 @@ batch after this, and only if nothing waits and no admission was blocked (Alg. 1
 from __future__ import annotations
 
 import bisect
+import operator
 from typing import Callable
 
 from shadowprefill.engine.request import Priority, Request, RequestStatus
+
+_computed = operator.attrgetter("num_computed_tokens")
 
 
 def _rank(r: Request) -> tuple[int, int]:
@@ -70,7 +73,7 @@ class ScheduledBatch:
 
     def decode_contexts(self) -> list[int]:
         """Context length of every decode (tokens attended, the new one included)."""
-        return [r.num_computed_tokens + 1 for r in self.decodes]
+        return [c + 1 for c in map(_computed, self.decodes)]
 
     def features(self, include_shadow: bool = True) -> tuple:
         """(P, Σ n·(c+n), D, Σ ctx): the predictor's features of this batch."""
@@ -82,10 +85,8 @@ class ScheduledBatch:
             for c in self.shadow_chunks:
                 p += c.num_new
                 pc += c.num_new * (c.start + c.num_new)
-        dc = len(self.decodes)
-        for r in self.decodes:
-            dc += r.num_computed_tokens
-        return (p, pc, len(self.decodes), dc)
+        decodes = self.decodes
+        return (p, pc, len(decodes), len(decodes) + sum(map(_computed, decodes)))
 
 
 class Scheduler:
@@ -138,23 +139,27 @@ class Scheduler:
 
         # (1) running decodes, in (priority, arrival) order.
         others: list[Request] = []                   # running requests with a prefill chunk to do
-        i = 0
-        while i < len(running) and batch.num_tokens < limit and len(decodes) < max_seqs:
+        i = num_tokens = 0                           # (batch.num_tokens, kept in a local; _grow may change it)
+        while i < len(running) and num_tokens < limit and len(decodes) < max_seqs:
             r = running[i]
             i += 1
             computed = r.num_computed_tokens
             if r.first_token_time is None or len(r.all_token_ids) - computed != 1:
                 others.append(r)
                 continue
-            if computed // bs >= len(r.block_ids) and not self._grow(r, computed // bs + 1 - len(r.block_ids),
-                                                                   now, batch):
-                i -= 1                               # r itself was preempted (it was last)
-                continue
+            if computed // bs >= len(r.block_ids):
+                batch.num_tokens = num_tokens
+                grown = self._grow(r, computed // bs + 1 - len(r.block_ids), now, batch)
+                num_tokens = batch.num_tokens
+                if not grown:
+                    i -= 1                           # r itself was preempted (it was last)
+                    continue
             decodes.append(r)
             r.sched_stamp = stamp
-            batch.num_tokens += 1
+            num_tokens += 1
             if r.priority is routed:
                 batch.has_routed = True
+        batch.num_tokens = num_tokens
 
         # (2) in-flight prefill chunks (prompt chunks, or recompute after preemption). If (1) stopped
         # early, the token budget or max_seqs is used up and nothing more is scheduled anyway.
@@ -282,7 +287,8 @@ class Scheduler:
 
     def commit_full_pages(self, r: Request, now: float) -> None:
         """Register r's newly filled pages in the prefix cache."""
-        full = r.num_computed_tokens // self.block_size
-        if full > r.num_committed_blocks:
-            self.pool.commit(r.block_ids[:full], r.all_token_ids, now=now, tenant=r.tenant)
+        computed = r.num_computed_tokens
+        full = computed // self.block_size
+        if full > r.num_committed_blocks:   # (commit registers min(pages, computed // bs) pages: no list copies)
+            self.pool.commit(r.block_ids, r.all_token_ids, now=now, tenant=r.tenant, num_tokens=computed)
             r.num_committed_blocks = full

@@ -321,26 +321,35 @@ class BlockPool(PrefixLookup, HostSpill):
         if chain is not None and (len(chain) < first
                                   or (chain.hashes[first - 1] if first else chain.root) != parent):
             chain = None   # the chain does not reach (or disagrees with) the registered pages: not used
-        known = len(chain) if chain is not None else 0
+        known = min(len(chain), n_full) if chain is not None else first
         cache, page_key, spill_index, registered = self._cache, self._key, self._spill_index, 0
-        start = first * bs
-        for i in range(first, n_full):
-            b = block_ids[i]
-            if i < known:  # hashed by an earlier lookup or commit
-                parent, key = chain.hashes[i], chain.keys[i]
-            else:
-                key = (parent, tuple(tokens[start:start + bs]))
-                parent = hash(key)
-                if chain is not None:  # remembered for later lookups of this sequence
-                    chain.hashes.append(parent)
-                    chain.keys.append(key)
-            start += bs
+        if known > first:  # pages hashed by an earlier lookup or commit
+            page_hashes, keys = chain.hashes, chain.keys
+            for i in range(first, known):
+                b = block_ids[i]
+                parent = page_hashes[i]
+                page_hash[b] = parent
+                page_key[b] = keys[i]
+                if parent not in cache:
+                    cache[parent] = b
+                    if spill_index:
+                        spill_index.pop(parent, None)  # an older copy being spilled is no longer canonical
+                    registered += 1
+            first = known
+        remember = chain is not None  # pages hashed here are remembered for later lookups of this sequence
+        pages = zip(*[iter(tokens[first * bs:n_full * bs])] * bs)   # each page's tokens as a tuple (C-level)
+        for b, page in zip(block_ids[first:n_full], pages):
+            key = (parent, page)
+            parent = hash(key)
+            if remember:
+                chain.hashes.append(parent)
+                chain.keys.append(key)
             page_hash[b] = parent
             page_key[b] = key
             if parent not in cache:
                 cache[parent] = b
                 if spill_index:
-                    spill_index.pop(parent, None)  # an older copy being spilled is no longer canonical
+                    spill_index.pop(parent, None)
                 registered += 1
         return registered
 

@@ -27,10 +27,10 @@ class HostSpill:
         """Evict cached ref-0 pages (already removed from their LRU, in eviction order): admit them to the
         host tier, copying the ones it does not hold yet in one batch, or drop them without a host tier."""
         cache, flags, st = self._cache, self._shadow, self._stats
-        hashes = [self._hash[b] for b in victims]
+        hashes = list(map(self._hash.__getitem__, victims))
         for h in hashes:
             del cache[h]
-        shadows = [flags[b] for b in victims] if self._num_shadow else None
+        shadows = list(map(flags.__getitem__, victims)) if self._num_shadow else None
         n_shadow = sum(shadows) if shadows else 0
         st.shadow_evictions += n_shadow
         st.normal_evictions += len(victims) - n_shadow
@@ -38,7 +38,7 @@ class HostSpill:
         if host is None or host.num_pages == 0:
             self._free_blocks(victims, lost=True)
             return
-        slots, copy, dropped = host.put_many(hashes, [self._key[b] for b in victims], shadows)
+        slots, copy, dropped = host.put_many(hashes, list(map(self._key.__getitem__, victims)), shadows)
         if dropped:  # host full: its LRU entries were dropped (content lost unless still held somewhere)
             st.host_drops += len(dropped)
             spill_index = self._spill_index

@@ -12,6 +12,7 @@ An entry is a slot number; per-slot arrays hold its page key (for exact matches)
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 import torch
@@ -120,11 +121,13 @@ class HostTier:
             return [-1] * n, copy, []
         lru, free, slot_key, slot_shadow = self._lru, self._free_slots, self.slot_key, self.slot_shadow
         slots, dropped, stored, num_shadow = [-1] * n, [], {}, self._num_shadow  # stored: slot -> page index
-        for i, page_hash in enumerate(hashes):
-            key = keys[i]
-            slot = lru.get(page_hash)
+        lru_get, move_to_end = lru.get, lru.move_to_end
+        if shadows is None:
+            shadows = itertools.repeat(False)
+        for i, page_hash, key, shadow in zip(range(n), hashes, keys, shadows):
+            slot = lru_get(page_hash)
             if slot is not None and slot_key[slot] == key:
-                lru.move_to_end(page_hash)
+                move_to_end(page_hash)
             else:
                 if slot is not None:           # same hash, other key (a collision): replaced
                     del lru[page_hash]
@@ -140,7 +143,6 @@ class HostTier:
                 slot_key[slot] = key
                 copy[i] = True
                 stored[slot] = i
-            shadow = shadows[i] if shadows is not None else False
             if slot_shadow[slot] != shadow:    # free slots hold False
                 num_shadow += 1 if shadow else -1
                 slot_shadow[slot] = shadow

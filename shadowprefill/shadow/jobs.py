@@ -40,7 +40,11 @@ def check_token_ids(name: str, token_ids) -> list[int]:
     if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__len__"):
         raise TypeError(f"{name} must be a sequence of ints, got {type(token_ids).__name__}")
     tokens = list(token_ids)
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tokens):
+    if {*map(type, tokens)} <= {int}:     # plain ints (the common case): two C-level scans, no Python loop
+        bad = bool(tokens) and min(tokens) < 0
+    else:
+        bad = any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tokens)
+    if bad:
         raise ValueError(f"{name} must hold non-negative int token ids")
     return tokens
 
