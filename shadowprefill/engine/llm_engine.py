@@ -260,11 +260,12 @@ class LLMEngine:
         self._in_flight = None
         now = self.clock.now()
         batch, duration = it.batch, it.duration
+        features = batch.features() if self.config.refit_predictor else None   # before _update advances contexts
         outputs = self._update(batch, it.tokens, now)
         shadow_tokens = self.controller.complete(batch.shadow_chunks, now)
         self.controller.on_iteration_end(batch, duration)
-        if self.config.refit_predictor:
-            self.predictor.observe_features(batch.features(), duration)
+        if features is not None:
+            self.predictor.observe_features(features, duration)
         st = self._stats
         st.iterations += 1
         st.busy_time_s += duration

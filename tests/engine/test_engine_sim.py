@@ -220,3 +220,27 @@ def test_eager_shadow_competes_as_normal_traffic():
         e.step()
     assert e.stats.eager_shadow_tokens == 3000
     assert e.stats.requests_finished == 1
+
+
+def test_predictor_learns_the_features_of_the_batch_that_ran():
+    """The refit sees the executed batch's features (contexts before the iteration advanced them)."""
+    from shadowprefill.engine.predictor import batch_features
+
+    seen, observed = [], []
+
+    class Recording(LinearLatency):
+        def iteration_time(self, prefill, decode_contexts):
+            seen.append(batch_features(list(prefill), list(decode_contexts)))
+            return super().iteration_time(prefill, decode_contexts)
+
+    e = LLMEngine(SimulatedExecutor(Recording()), EngineConfig(num_blocks=4096, tpot_slo_s=0.05, token_budget=256))
+    e.predictor.observe_features = lambda features, duration: observed.append(tuple(features))
+    seen.clear()                                  # the predictor's seed fit probed the latency model
+    for i in range(4):
+        e.add_request(f"r{i}", toks(300 + 50 * i, i), 5)
+    while e.has_work():
+        it = e.schedule_step()
+        e.clock.advance_to(it.start + it.duration)
+        e.complete_step(it)
+    assert len(observed) == len(seen) > 5
+    assert observed == seen
