@@ -11,11 +11,12 @@ import sys
 
 # module path -> sub-commands it registers (imported lazily so `shadowprefill --help` stays fast)
 SUBSYSTEMS = [
-    "shadowprefill.demo",
+    "shadowprefill.engine_demo",
     "shadowprefill.selfcheck",
     "shadowprefill.gateway.cli",
     "shadowprefill.serve.cli",
     "shadowprefill.sim.cli",
+    "shadowprefill.sim.study",
 ]
 
 

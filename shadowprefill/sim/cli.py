@@ -18,6 +18,7 @@ from pathlib import Path
 
 from shadowprefill.sim.policies import POLICIES, parse_policies
 
+ROUTERS = ("replay", "fixed", "markov", "random", "sticky", "cache-aware")
 DEFAULT_SWEEP_POLICIES = "no-shadow,host-tier,harvest-slo,harvest-slo+host,oracle+host"
 
 # Appendix C / Figures 9, 15, 16: parameter -> (values, how a value changes the experiment)
@@ -49,6 +50,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=600.0, help="measured simulated seconds (default 600)")
     p.add_argument("--warmup", type=float, default=120.0, help="simulated warm-up seconds (default 120)")
     p.add_argument("--rho", type=float, default=0.7, help="normal load as a fraction of capacity (default 0.7)")
+    p.add_argument("--window", default="peak", choices=("peak", "median", "trough"),
+                   help="measurement window: normal load x 1, 0.5 or 0.25 of the peak hour (default peak)")
     p.add_argument("--instances", type=int, default=4, help="instances per model (default 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="Azure LLM trace CSV to replay as normal traffic")
@@ -63,6 +66,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "(the rest decode); default colocated")
     p.add_argument("--link-gbps", type=float, default=50.0, help="P/D KV link GB/s per GPU (default 50)")
     p.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    p.add_argument("--router", default="replay", choices=ROUTERS,
+                   help="replay|fixed: recorded routes; markov|random: re-route sessions up front (appendix C); "
+                        "sticky|cache-aware: price each call at issue time by its warm prefix (issue #7)")
+    p.add_argument("--router-knob", type=float, help="sticky / cache-aware lam: a downgrade below the recorded "
+                   "model must save more than this fraction of the call's price (default 1.0: never)")
 
 
 def register(subparsers) -> None:
@@ -103,11 +111,26 @@ def _capacity(text: str | None) -> dict:
     return out
 
 
+def _routers(args) -> dict:
+    """--router / --router-knob -> Experiment fields (up-front re-routing or a per-call router)."""
+    name = getattr(args, "router", "replay") or "replay"
+    knob = getattr(args, "router_knob", None)
+    if knob is not None and name not in ("sticky", "cache-aware"):
+        raise SystemExit(f"--router-knob needs --router sticky or cache-aware, got --router {name}")
+    if knob is not None and not knob >= 0:
+        raise SystemExit(f"--router-knob must be >= 0, got {knob}")
+    if name in ("markov", "random"):
+        return {"router": name}
+    if name in ("sticky", "cache-aware"):
+        return {"call_router": name, "router_knob": knob}
+    return {}
+
+
 def experiment_from_args(args, policies: str) -> "Experiment":
     from shadowprefill.sim.experiment import Experiment, parse_models
-    return Experiment(workload=args.workload, models=parse_models(args.pair, args.workload),
+    return Experiment(**_routers(args), workload=args.workload, models=parse_models(args.pair, args.workload),
                       policies=[p.name for p in parse_policies(policies)], duration_s=args.duration,
-                      warmup_s=args.warmup, rho=args.rho, instances=args.instances, seed=args.seed,
+                      warmup_s=args.warmup, rho=args.rho, window=args.window, instances=args.instances, seed=args.seed,
                       lengths=args.lengths, trace=args.trace, sessions_file=args.sessions,
                       session_rate=args.session_rate, capacity=_capacity(args.capacity),
                       sim={"shadow_targets": args.shadow_targets, "max_drain_s": args.max_drain,

@@ -1,4 +1,4 @@
-"""`make demo` / `shadowprefill demo`: shadow prefill on two real (tiny) models, wall clock, CPU or GPU.
+"""`shadowprefill engine-demo`: shadow prefill on two real (tiny) models, wall clock, CPU or GPU.
 
 A few agent sessions whose calls a Markov router switches between a small and a large model, with
 background normal traffic on both engines, run twice on the same seed: once without shadow prefill and
@@ -202,7 +202,7 @@ def summarize(records, engines, wall_s: float) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="shadowprefill demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="shadowprefill engine-demo", description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=DemoConfig.sessions)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -232,8 +232,8 @@ def run_demo(args) -> int:
 
 
 def register(subparsers) -> None:
-    """Adds `shadowprefill demo` to the command line."""
-    parser = subparsers.add_parser("demo", help="shadow prefill on two tiny models: no shadow vs Harvest-SLO")
+    """Adds `shadowprefill engine-demo` to the command line."""
+    parser = subparsers.add_parser("engine-demo", help="shadow prefill on two tiny real models: no shadow vs Harvest-SLO")
     parser.add_argument("--sessions", type=int, default=DemoConfig.sessions)
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run_demo)

@@ -1,6 +1,6 @@
 """The `make demo` workload on a reduced size: every call completes under both policies, and shadow
 prefill (Harvest-SLO) serves switch calls from cache where no shadow cannot."""
-from shadowprefill.demo import DemoConfig, make_sessions, run_policy
+from shadowprefill.engine_demo import DemoConfig, make_sessions, run_policy
 
 
 def test_demo_sessions_are_routed_and_in_vocabulary():

@@ -1,0 +1,293 @@
+"""The headline study (`shadowprefill demo`, `make demo`): the paper's §5.2 comparison on a GHCP-like and a
+FusionBench-like workload, as seeds × windows runs of the same policies, each reduction aggregated as
+mean ± standard error over the runs ("3 seeds × 3 windows ... error bars: ±1 SE", §5.1), and printed side
+by side with the paper's headline numbers.
+
+    study = run_study(StudySpec(seeds=(0,), duration_s={"fusionbench": 300, "ghcp-coding": 300}))
+    print(study_table(study))
+
+Every run is one `Experiment` (same sessions and normal traffic for all its policies, compared over the
+calls that complete under all of them); runs go to a process pool. The paper's protocol is
+`--seeds 0,1,2 --windows peak,median,trough` with 600 s (1,800 s for GHCP) measured after 120 s.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from shadowprefill.sim.experiment import (
+    WINDOW_LOAD,
+    Experiment,
+    parse_models,
+    run_experiment,
+)
+from shadowprefill.sim.report import PAPER_HEADLINES
+
+STUDY_POLICIES = ("no-shadow", "harvest-slo+host", "oracle+host")
+PAPER_DURATION_S = {"fusionbench": 600.0, "ghcp-coding": 1800.0}     # §5.1 "Measurement"
+METRICS = (   # (summary key, label)
+    ("switch_call_latency_mean_s_reduction_pct", "switch-call latency red. (%)"),
+    ("switch_call_ttft_mean_s_reduction_pct", "switch-call TTFT red. (%)"),
+    ("llm_call_latency_mean_s_reduction_pct", "LLM-call latency red. (%)"),
+    ("token_cost_reduction_pct", "token cost red. (%)"),
+    ("switch_hit_rate", "switch-call hit rate"),
+    ("hit_rate", "hit rate"),
+    ("normal_slo_attainment_change_pp", "normal SLO change (pp)"),
+    ("energy_per_good_request_increase_pct", "energy/good request change (%)"),
+)
+
+
+@dataclass
+class StudySpec:
+    """Which runs make up the study. `duration_s`: measured seconds per workload (warm-up `warmup_s` is
+    added); `capacity`: requests/s per instance per model (skips calibration); `session_rate`: sessions/s (default:
+    the workload's); `jobs`: parallel processes
+    (default: CPU count)."""
+
+    workloads: tuple[str, ...] = ("ghcp-coding", "fusionbench")
+    pair: str = "Q2.5-7B/L3.1-70B"
+    seeds: tuple[int, ...] = (0,)
+    windows: tuple[str, ...] = ("peak", "median", "trough")
+    duration_s: dict = field(default_factory=lambda: {"fusionbench": 300.0, "ghcp-coding": 300.0})
+    warmup_s: float = 60.0
+    max_drain_s: float = 900.0
+    policies: tuple[str, ...] = STUDY_POLICIES
+    rho: float = 0.7
+    capacity: dict = field(default_factory=dict)
+    session_rate: float | None = None
+    jobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.workloads or not self.seeds or not self.windows:
+            raise ValueError("workloads, seeds and windows must not be empty")
+        bad = [w for w in self.windows if w not in WINDOW_LOAD]
+        if bad:
+            raise ValueError(f"windows: unknown {bad}; known: {list(WINDOW_LOAD)}")
+        if "no-shadow" not in self.policies:
+            raise ValueError("policies must include no-shadow (every reduction is relative to it)")
+
+    def experiments(self) -> list[Experiment]:
+        models = parse_models(self.pair)
+        return [Experiment(workload=w, models=models, policies=list(self.policies),
+                           duration_s=float(self.duration_s.get(w, 300.0)), warmup_s=self.warmup_s, rho=self.rho,
+                           seed=s, window=win, capacity=dict(self.capacity),
+                           session_rate=self.session_rate, sim={"max_drain_s": self.max_drain_s})
+                for w in self.workloads for s in self.seeds for win in self.windows]
+
+
+def _run_one(exp: Experiment) -> tuple[dict, dict]:
+    result = run_experiment(exp)
+    keep = {p: {k: v for k, v in summary.items() if k != "run"} for p, summary in result["policies"].items()}
+    return exp.as_dict(), keep
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (0 for a single value); NaNs are dropped."""
+    xs = [v for v in values if v is not None and not math.isnan(v)]
+    if not xs:
+        return math.nan, math.nan
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, 0.0
+    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    return m, math.sqrt(var / len(xs))
+
+
+def aggregate(runs: list[tuple[dict, dict]]) -> dict:
+    """{workload: {policy: {metric: (mean, se, n)}}} plus the share of Oracle+Host's switch-latency gain
+    (ratio of the mean reductions, as the paper's "captures 52% of the latency gain of an oracle")."""
+    out: dict = {}
+    for config, summaries in runs:
+        w = out.setdefault(config["workload"], {})
+        for policy, summary in summaries.items():
+            slot = w.setdefault(policy, {})
+            for key, _ in METRICS + (("num_switch_calls", ""), ("num_calls", "")):
+                slot.setdefault(key, []).append(summary.get(key))
+    for w, policies in out.items():
+        for policy, slot in policies.items():
+            for key in list(slot):
+                m, se = mean_se(slot[key])
+                slot[key] = (m, se, len(slot[key]))
+        ours, oracle = policies.get("harvest-slo+host"), policies.get("oracle+host")
+        if ours and oracle and oracle["switch_call_latency_mean_s_reduction_pct"][0] > 0:
+            share = ours["switch_call_latency_mean_s_reduction_pct"][0] / oracle["switch_call_latency_mean_s_reduction_pct"][0]
+            policies["share_of_oracle_gain"] = share
+    return out
+
+
+def run_study(spec: StudySpec, log=None) -> dict:
+    """Run every experiment of `spec` (a process pool of `spec.jobs`) and aggregate them."""
+    exps = spec.experiments()
+    jobs = max(1, min(spec.jobs or os.cpu_count() or 1, len(exps)))
+    start = time.perf_counter()
+    # calibrate capacities once, in this process, so the workers find them cached
+    from shadowprefill.sim.capacity import normal_rates
+    from shadowprefill.sim.experiment import sim_config
+    normal_rates(exps[0].models, sim_config(exps[0]), spec.rho, capacity=spec.capacity, log=log)
+    runs: list[tuple[dict, dict]] = []
+    bar = _bar(len(exps), log)
+    if jobs == 1:
+        for exp in exps:
+            runs.append(_run_one(exp))
+            bar.update(1)
+    else:
+        import multiprocessing as mp
+        with mp.get_context("fork").Pool(jobs) as pool:
+            for item in pool.imap_unordered(_run_one, exps):
+                runs.append(item)
+                bar.update(1)
+    bar.close()
+    return {"spec": asdict(spec), "runs": runs, "aggregate": aggregate(runs),
+            "wall_s": time.perf_counter() - start}
+
+
+def _bar(total: int, log):
+    from tqdm import tqdm
+    return tqdm(total=total, desc="runs", unit="run", disable=log is None, file=sys.stderr)
+
+
+def _paper_value(workload: str, key: str, policy: str):
+    group = "ghcp" if workload.startswith("ghcp") else "benchmarks"
+    paper = PAPER_HEADLINES[group]
+    names = {"switch_call_latency_mean_s_reduction_pct": "switch_call_latency",
+             "switch_call_ttft_mean_s_reduction_pct": "switch_call_ttft",
+             "llm_call_latency_mean_s_reduction_pct": "llm_call_latency", "token_cost_reduction_pct": "token_cost"}
+    if policy == "harvest-slo+host" and key in names:
+        return paper[names[key]]
+    if policy == "oracle+host" and key == "switch_call_latency_mean_s_reduction_pct":
+        return paper["oracle_switch_call_latency"]
+    if policy == "oracle+host" and key == "llm_call_latency_mean_s_reduction_pct":
+        return paper["oracle_llm_call_latency"]
+    hit = {"no-shadow": "hit_rate_no_shadow", "harvest-slo+host": "hit_rate", "oracle+host": "hit_rate_oracle_host"}
+    if key == "hit_rate" and policy in hit:
+        return paper[hit[policy]] / 100.0
+    return None
+
+
+def study_table(study: dict) -> str:
+    """Per workload: each policy's metrics as mean ± SE over the runs, beside the paper's headline number."""
+    lines = []
+    spec = study["spec"]
+    n_runs = len(spec["seeds"]) * len(spec["windows"])
+    for workload, policies in study["aggregate"].items():
+        group = "GHCP-coding" if workload.startswith("ghcp") else "benchmarks (xRouteBench, FusionBench, Router-R1)"
+        lines.append(f"\n== {workload}, {spec['pair']}: {n_runs} runs (seeds {list(spec['seeds'])} x windows "
+                     f"{list(spec['windows'])}), mean ± SE; paper: {group} mean")
+        for policy in spec["policies"]:
+            if policy == "no-shadow" or policy not in policies:
+                continue
+            slot = policies[policy]
+            lines.append(f"  {policy}")
+            for key, label in METRICS:
+                m, se, _ = slot[key]
+                paper = _paper_value(workload, key, policy)
+                scale = 100.0 if key.endswith("hit_rate") else 1.0
+                ours = f"{m * scale:7.1f} ± {se * scale:4.1f}"
+                ref = "" if paper is None else f"{paper * scale:8.1f}"
+                lines.append(f"    {label:34s}{ours:>16s}{ref:>10s}")
+        base = policies.get("no-shadow")
+        if base:
+            m, se, _ = base["hit_rate"]
+            paper = _paper_value(workload, "hit_rate", "no-shadow")
+            lines.append(f"  no-shadow hit rate (%){'':15s}{m * 100:7.1f} ± {se * 100:4.1f}{paper * 100:10.1f}")
+            sw = base["num_switch_calls"][0]
+            lines.append(f"  switch calls per run (mean)        {sw:9.1f}")
+        share = policies.get("share_of_oracle_gain")
+        if share is not None:
+            paper = PAPER_HEADLINES["ghcp" if workload.startswith("ghcp") else "benchmarks"]["gain_vs_oracle"]
+            lines.append(f"  share of Oracle+Host switch-latency gain captured by Harvest-SLO+Host: {share:.2f} "
+                         f"(paper {paper:.2f})")
+    return "\n".join(lines)
+
+
+def plot_study(study: dict, out_dir: str | Path) -> Path:
+    """One panel per workload: each policy's four reductions with ±1 SE bars, the paper's as markers."""
+    from shadowprefill.sim.report import _pyplot
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    agg, spec = study["aggregate"], study["spec"]
+    keys = METRICS[:4]
+    fig, axes = plt.subplots(1, len(agg), figsize=(6.5 * len(agg), 4.2), squeeze=False)
+    for ax, (workload, policies) in zip(axes[0], agg.items()):
+        shown = [p for p in spec["policies"] if p != "no-shadow" and p in policies]
+        width = 0.8 / max(1, len(shown))
+        for i, policy in enumerate(shown):
+            xs = [j + (i - (len(shown) - 1) / 2) * width for j in range(len(keys))]
+            ms = [policies[policy][k][0] for k, _ in keys]
+            ses = [policies[policy][k][1] for k, _ in keys]
+            ax.bar(xs, ms, width, yerr=ses, capsize=3, label=policy)
+            for x, (k, _) in zip(xs, keys):
+                ref = _paper_value(workload, k, policy)
+                if ref is not None:
+                    ax.plot([x], [ref], marker="D", markersize=6, color="black", linestyle="none",
+                            label="paper" if (i, k) == (0, keys[0][0]) else None)
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([label.replace(" red. (%)", "") for _, label in keys], rotation=15)
+        ax.set_ylabel("reduction vs No Shadow (%)")
+        ax.set_title(f"{workload} ({spec['pair']}), ±1 SE over {len(spec['seeds']) * len(spec['windows'])} runs")
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "study_reductions.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def register(subparsers) -> None:
+    """Adds `shadowprefill demo` (the main job: the headline study at paper defaults, reduced length)."""
+    p = subparsers.add_parser("demo", help="the paper's headline comparison (GHCP-like and FusionBench-like "
+                                           "workloads), printed beside the paper's numbers, with figures")
+    p.add_argument("--workloads", default="ghcp-coding,fusionbench")
+    p.add_argument("--pair", default=StudySpec.pair)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (paper: 0,1,2)")
+    p.add_argument("--windows", default="peak,median,trough", help="comma-separated windows")
+    p.add_argument("--duration", type=float, default=300.0,
+                   help="measured simulated seconds per run (paper: 600; 1800 for GHCP; see --paper-length)")
+    p.add_argument("--paper-length", action="store_true", help="the paper's run lengths and 120 s warm-up")
+    p.add_argument("--warmup", type=float, default=60.0)
+    p.add_argument("--policies", default=",".join(STUDY_POLICIES))
+    p.add_argument("--capacity", help="per-instance capacity, MODEL=REQ_S[,MODEL=REQ_S] (skips calibration; the "
+                                      "paper's testbed: Qwen2.5-7B=12.8,Llama-3.1-70B=3.8)")
+    p.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
+    p.add_argument("--out", default="demo_out", help="directory for study.json and the figures")
+    p.set_defaults(func=_demo)
+
+
+def _demo(args) -> int:
+    from shadowprefill.sim.policies import parse_policies
+    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    if args.paper_length:
+        duration, warmup = dict(PAPER_DURATION_S), 120.0
+    else:
+        if not args.duration > 0:
+            raise ValueError(f"--duration must be > 0, got {args.duration}")
+        duration, warmup = {w: args.duration for w in workloads}, args.warmup
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    from shadowprefill.sim.cli import _capacity
+    spec = StudySpec(workloads=workloads, pair=args.pair, seeds=seeds, capacity=_capacity(args.capacity),
+                     windows=tuple(w.strip() for w in args.windows.split(",") if w.strip()),
+                     duration_s=duration, warmup_s=warmup,
+                     policies=tuple(p.name for p in parse_policies(args.policies)), jobs=args.jobs)
+    n = len(spec.experiments())
+    print(f"shadowprefill demo: {n} runs ({', '.join(workloads)} x seeds {list(seeds)} x windows "
+          f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, "
+          f"{spec.jobs or os.cpu_count()} processes", flush=True)
+    study = run_study(spec, log=print)
+    print(study_table(study))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study.json").write_text(json.dumps({k: v for k, v in study.items()}, indent=1, default=str))
+    fig = plot_study(study, out)
+    print(f"\nwall time {study['wall_s']:.0f} s; wrote {out / 'study.json'} and {fig}")
+    return 0
