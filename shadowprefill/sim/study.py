@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from shadowprefill.cluster.workloads import get_workload
 from shadowprefill.sim.experiment import (
     WINDOW_LOAD,
     Experiment,
@@ -68,6 +69,8 @@ class StudySpec:
         bad = [w for w in self.windows if w not in WINDOW_LOAD]
         if bad:
             raise ValueError(f"windows: unknown {bad}; known: {list(WINDOW_LOAD)}")
+        for w in self.workloads:
+            get_workload(w)          # ValueError naming the unknown workload
         if "no-shadow" not in self.policies:
             raise ValueError("policies must include no-shadow (every reduction is relative to it)")
 
@@ -268,17 +271,21 @@ def _demo(args) -> int:
         duration, warmup = dict(PAPER_DURATION_S), 120.0
     else:
         if not args.duration > 0:
-            raise ValueError(f"--duration must be > 0, got {args.duration}")
+            raise SystemExit(f"shadowprefill demo: --duration must be > 0, got {args.duration}")
         duration, warmup = {w: args.duration for w in workloads}, args.warmup
     try:
         seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
     except ValueError:
-        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+        raise SystemExit(f"shadowprefill demo: --seeds must be comma-separated integers, got {args.seeds!r}") from None
     from shadowprefill.sim.cli import _capacity
-    spec = StudySpec(workloads=workloads, pair=args.pair, seeds=seeds, capacity=_capacity(args.capacity),
-                     windows=tuple(w.strip() for w in args.windows.split(",") if w.strip()),
-                     duration_s=duration, warmup_s=warmup,
-                     policies=tuple(p.name for p in parse_policies(args.policies)), jobs=args.jobs)
+    try:
+        spec = StudySpec(workloads=workloads, pair=args.pair, seeds=seeds, capacity=_capacity(args.capacity),
+                         windows=tuple(w.strip() for w in args.windows.split(",") if w.strip()),
+                         duration_s=duration, warmup_s=warmup,
+                         policies=tuple(p.name for p in parse_policies(args.policies)), jobs=args.jobs)
+        spec.experiments()           # validates the pair
+    except ValueError as exc:
+        raise SystemExit(f"shadowprefill demo: {exc}") from None
     n = len(spec.experiments())
     print(f"shadowprefill demo: {n} runs ({', '.join(workloads)} x seeds {list(seeds)} x windows "
           f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, "
