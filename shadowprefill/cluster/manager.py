@@ -310,12 +310,7 @@ class ClusterManager:
                     self.finished_normal.append((out.request_id, out.first_token_time, out.finish_time))
                 continue
             ticket.output = out
-            if ticket.stream_to:
-                tok = out.new_token_id
-                if tok is not None:
-                    for home in ticket.stream_to:
-                        home.engine.extend_shadow(ticket.session_id, [tok])
-                        fed[id(home)] = home
+            self._stream_output(ticket, out, fed)
             if out.finished:
                 del tickets[out.request_id]
                 ticket.fill_from(ticket.request)
@@ -324,6 +319,16 @@ class ClusterManager:
             for home in fed.values():
                 self.on_work(home)
         return done
+
+    @staticmethod
+    def _stream_output(ticket: CallTicket, out, fed: dict) -> None:
+        """§3.1 output streaming: append the call's new token to its shadow jobs on the other models
+        (the instances fed are collected in `fed`, to be woken once per step)."""
+        tok = out.new_token_id
+        if tok is not None and ticket.stream_to:
+            for home in ticket.stream_to:
+                home.engine.extend_shadow(ticket.session_id, [tok])
+                fed[id(home)] = home
 
     def end_session(self, session_id: str, cancel_shadows: bool = False) -> None:
         """The session's last call finished: teach the prior its route; optionally drop its shadow jobs

@@ -212,11 +212,7 @@ class PDClusterManager(ClusterManager):
                     orig, first = self._normal_first.pop(rid)
                     self.finished_normal.append((orig, first, out.finish_time))
                 continue
-            tok = out.new_token_id
-            if tok is not None:
-                for home in ticket.stream_to:
-                    home.engine.extend_shadow(ticket.session_id, [tok])
-                    fed[id(home)] = home
+            self._stream_output(ticket, out, fed)
             if out.finished:
                 del self.tickets[rid]
                 ticket.finish = out.finish_time

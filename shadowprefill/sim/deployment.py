@@ -44,15 +44,16 @@ class SimConfig:
     gpu: str = "h100"
     tp: dict = field(default_factory=dict)
     hbm_fraction: float = 0.9
-    block_size: int = 16
-    token_budget: int = 2048
-    max_seqs: int = 256
-    beta: float = 0.5
-    delta: float | None = None
-    margin: float = 0.1
-    n_min: int = 256
-    shadow_fraction: float = 0.25
-    cold_age_s: float = 5.0
+    # engine and controller parameters: the engine's own defaults (one place for the paper's values)
+    block_size: int = EngineConfig.block_size
+    token_budget: int = EngineConfig.token_budget
+    max_seqs: int = EngineConfig.max_seqs
+    beta: float = EngineConfig.beta
+    delta: float | None = EngineConfig.delta
+    margin: float = EngineConfig.margin
+    n_min: int = EngineConfig.n_min
+    shadow_fraction: float = EngineConfig.shadow_fraction
+    cold_age_s: float = EngineConfig.cold_age_s
     host_gb_per_gpu: float = HOST_TIER_GB_PER_GPU
     pcie_bw: float | None = None
     shadow_targets: str = "all"
