@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from shadowprefill.cluster.cache_aware_router import CALL_ROUTERS, make_call_router, route_quality
 from shadowprefill.cluster.router import MarkovRouter, RandomRouter, SwitchPredictor
 from shadowprefill.cluster.traces import load_azure_trace, load_sessions
-from shadowprefill.cluster.workloads import Call, Session, generate_sessions
+from shadowprefill.cluster.workloads import Session, generate_sessions
 from shadowprefill.model.catalog import PAIRS, get_pair, resolve_name
 from shadowprefill.sim.capacity import normal_rates
 from shadowprefill.sim.metrics import RunResult, common_call_keys, compare

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import threading
 import time
 
 import httpx
@@ -33,7 +32,6 @@ def _two_calls(client, rng, session, shadow: bool, peers) -> tuple[dict, dict, i
     assert len(out_ids) == 8
     wait_shadows(client)
     history = prompt + out_ids
-    t0 = time.monotonic()
     r1 = completion(client, "large", history + random_ids(rng, 40), session, shadow=shadow)
     return r0, r1, len(history)
 
@@ -199,7 +197,7 @@ def test_routed_call_not_held_back_by_pending_shadow(manager, peers):
     completion(client, "small", long_prompt, "long-shadow", max_tokens=2)   # its shadow (1.5K tokens) -> large
     during = [routed_latency(f"busy-{i}") for i in range(3)]
     wait_shadows(client, 120)
-    lat_idle, lat_busy = min(idle), max(during)
+    lat_busy = max(during)
     _report("routed_latency_with_pending_shadow", {"peer": peers.kind, "idle_s": idle, "during_shadow_s": during})
     assert lat_busy < 30.0
 
