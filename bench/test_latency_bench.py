@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from shadowprefill.sim.latency import LatencyModel, linear_ops_ms
+from shadowprefill.model.latency import LatencyModel, linear_ops_ms
 
 CASES = {"dense-list": ("Llama-3.1-8B", False), "dense-array": ("Llama-3.1-8B", True),
          "sliding-list": ("Gemma-2-9B", False), "moe-list": ("Mixtral-8x7B", False)}

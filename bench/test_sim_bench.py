@@ -71,7 +71,7 @@ def test_sim_speed(benchmark):
 _GROUPS = (("shadowprefill/engine/", "engine (scheduler, request, executor, predictor, loop)"),
            ("shadowprefill/kv/", "kv (block pool, host tier, eviction)"),
            ("shadowprefill/shadow/", "shadow (controller, jobs)"),
-           ("shadowprefill/sim/latency", "latency model"),
+           ("shadowprefill.model.latency", "latency model"),
            ("shadowprefill/sim/", "simulator, metrics"),
            ("shadowprefill/cluster/", "cluster manager, workloads"),
            ("numpy", "numpy"))

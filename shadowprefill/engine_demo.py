@@ -184,9 +184,9 @@ def run_policy(shadow_mode: str, cfg: DemoConfig, device: str = "cpu") -> dict:
 
 def summarize(records, engines, wall_s: float) -> dict:
     switch = [r for r in records if r[0]]
-    block = engines[0].pool.block_size
-    promoted = sum(e.pool.stats.shadow_blocks_promoted for e in engines) * block
-    wasted = sum(e.pool.stats.shadow_blocks_wasted for e in engines) * block
+    block = engines[0].config.block_size
+    promoted = sum(e.kv_stats.shadow_blocks_promoted for e in engines) * block
+    wasted = sum(e.kv_stats.shadow_blocks_wasted for e in engines) * block
     return {
         "calls": len(records),
         "switch_calls": len(switch),

@@ -25,28 +25,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 
-def register_prefix(engine, tokens: list[int], tenant: str = "", shadow: bool = False) -> tuple[int, int]:
-    """Make `tokens`' whole pages resident in `engine`'s prefix cache without computing them: pages already
-    cached (device or host) are reused, new ones come from what the pool can give now (normal class: free
-    or evictable pages; shadow class: free or cold pages within the shadow cap). Used for KV that arrives
-    from elsewhere (Oracle's free prefix, a P/D transfer). Returns (tokens resident, tokens added)."""
-    pool = engine.pool
-    now = engine.clock.now()
-    bs = pool.block_size
-    pages = len(tokens) // bs
-    if pages == 0:
-        return 0, 0
-    match = pool.acquire_prefix(tokens, now=now, tenant=tenant, shadow=shadow, max_tokens=pages * bs)
-    need = pages - len(match.block_ids)
-    new = []
-    if need > 0:
-        new = pool.allocate(pool.available_blocks(now=now, shadow=shadow, limit=need), now=now, shadow=shadow) or []
-    blocks = list(match.block_ids) + list(new)
-    pool.commit(blocks, tokens[:len(blocks) * bs], now=now, tenant=tenant)
-    pool.release(blocks, now=now)
-    return len(blocks) * bs, len(new) * bs
-
-
 class NextModelPrior(Protocol):
     """What the manager needs from a next-model predictor (e.g. cluster.router's prior)."""
 
@@ -175,24 +153,8 @@ class ClusterManager:
     # ---------------------------------------------------------------------------------------- placement
     def estimate_prefill_s(self, inst: Instance, prompt: list[int], tenant: str = "",
                            assume_cached: int | None = None) -> float:
-        """Estimated seconds until `prompt` finishes prefill on `inst`: the prefill queued ahead of it, then
-        its own uncached tokens after the cached prefix (host-cached tokens cost their reload instead)."""
-        eng = inst.engine
-        budget = eng.config.token_budget
-        pred = eng.predictor
-        if assume_cached is None:
-            dev, host = eng.cached_prefix_tokens(prompt, tenant)
-        else:
-            dev, host = assume_cached, 0
-        cached = min(dev + host, len(prompt) - 1)
-        host = max(0, cached - dev)
-        queue = eng.queued_prefill_tokens()
-        t = pred.prefill_time(queue, 0, budget) if queue > 0 else 0.0
-        t += pred.prefill_time(len(prompt) - cached, cached, budget)
-        lm = inst.latency_model
-        if host and lm is not None and hasattr(lm, "host_transfer_time"):
-            t += lm.host_transfer_time(host)
-        return t
+        """Estimated seconds until `prompt` finishes prefill on `inst` (the engine's estimate)."""
+        return inst.engine.estimate_prefill_s(prompt, tenant, assume_cached)
 
     def place(self, session_id: str, model: str, prompt: list[int], tenant: str = "",
               assume_cached: int | None = None) -> Instance:
@@ -354,8 +316,8 @@ class ClusterManager:
     # ------------------------------------------------------------------------------------------ oracle
     def oracle_warm(self, inst: Instance, history: list[int], tenant: str = "") -> int:
         """Oracle (Table 2): register `history`'s whole pages in `inst`'s prefix cache without computing
-        them (`register_prefix`). Returns the tokens resident afterwards."""
-        resident, made = register_prefix(inst.engine, history, tenant)
+        them (`LLMEngine.import_prefix`). Returns the tokens resident afterwards."""
+        resident, made = inst.engine.import_prefix(history, tenant)
         self.oracle_tokens += made
         return resident
 

@@ -14,14 +14,14 @@ prefills only the uncached tail and the D instance receives only the tokens it l
 
 Modelling choices (the paper leaves them open): a D instance's link is one FIFO queue (normal and routed
 transfers queue behind at most one 4K shadow push); KV that arrives on a D instance is registered in its
-prefix cache without compute (`register_prefix`), and the D request prefills only the few tokens after the
+prefix cache without compute (`LLMEngine.import_prefix`), and the D request prefills only the few tokens after the
 last whole page plus the first token. The driver (simulator) provides `schedule(time, fn)` for link events.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from shadowprefill.cluster.manager import CallTicket, ClusterManager, Instance, register_prefix
+from shadowprefill.cluster.manager import CallTicket, ClusterManager, Instance
 
 PUSH_TOKENS = 4096              # §3.5: "pulls the shadow KV in 4K-token pushes"
 PD_SHADOW_ITERATION_S = 0.1     # §3.5: shadow iterations of at most 0.1 s on P instances
@@ -106,7 +106,7 @@ class PDClusterManager(ClusterManager):
         done_at = self.links[id(dst)].reserve(now, nbytes)
 
         def arrive() -> None:
-            register_prefix(dst.engine, tokens, tenant)
+            dst.engine.import_prefix(tokens, tenant)
             then()
             self._pump_link(dst)
 
@@ -126,7 +126,7 @@ class PDClusterManager(ClusterManager):
         if self.oracle and ticket.is_switch and kept_prefix:
             d = self._decode_for(session_id, model)
             history = list(prompt_token_ids)[:kept_prefix]
-            self.oracle_tokens += register_prefix(d.engine, history, self.sessions[session_id].tenant)[1]
+            self.oracle_tokens += d.engine.import_prefix(history, self.sessions[session_id].tenant)[1]
         return ticket
 
     def submit_normal(self, inst: Instance, request_id: str, prompt_token_ids, max_tokens: int):
@@ -229,18 +229,17 @@ class PDClusterManager(ClusterManager):
     def _offer_pushes(self, p_inst: Instance) -> None:
         """After a P iteration: every session whose shadow job made progress here asks its sticky D
         instance of this model for a push (served when that D's link is idle)."""
-        jobs = p_inst.engine.jobs
-        if len(jobs) == 0:
-            return
+        engine = p_inst.engine
         seen = self._job_progress
-        for job in jobs.ordered():
-            key = (id(p_inst), job.session_id)
+        for session_id in engine.shadow_sessions():
+            job = engine.shadow_progress(session_id)
+            key = (id(p_inst), session_id)
             if seen.get(key) == job.num_cached:
                 continue
             seen[key] = job.num_cached
-            d = self._decode_for(job.session_id, p_inst.model)
+            d = self._decode_for(session_id, p_inst.model)
             wanted = self._push_wanted.setdefault(id(d), {})
-            wanted.setdefault(job.session_id, (p_inst, job.tenant))
+            wanted.setdefault(session_id, (p_inst, job.tenant))
             self._pump_link(d)
 
     def _pump_link(self, d: Instance) -> None:
@@ -254,7 +253,7 @@ class PDClusterManager(ClusterManager):
         bs = d.engine.config.block_size
         while wanted:
             session_id, (p_inst, tenant) = next(iter(wanted.items()))
-            job = p_inst.engine.jobs.get(session_id)
+            job = p_inst.engine.shadow_progress(session_id)
             if job is None:
                 del wanted[session_id]
                 continue
@@ -274,7 +273,7 @@ class PDClusterManager(ClusterManager):
             self._pushed_upto[key] = have_d + n
 
             def arrive(d=d, tokens=tokens, tenant=tenant, n=n, key=key) -> None:
-                resident, _ = register_prefix(d.engine, tokens, tenant, shadow=True)
+                resident, _ = d.engine.import_prefix(tokens, tenant, shadow=True)
                 self._pushed_upto[key] = min(self._pushed_upto.get(key, 0), resident)
                 self.shadow_pushed_tokens += n
                 self._pump_link(d)

@@ -3,10 +3,9 @@ from .clock import Clock, VirtualClock, WallClock
 from .config import EngineConfig
 from .executor import ExecuteResult, Executor, ModelExecutor, SimulatedExecutor
 from .llm_engine import Iteration, LLMEngine
-from .predictor import IterationPredictor, SimpleLatencyModel
 from .request import Priority, Request, RequestOutput, RequestStatus
 from .scheduler import ScheduledBatch, Scheduler
 
 __all__ = ["Clock", "VirtualClock", "WallClock", "EngineConfig", "ExecuteResult", "Executor", "ModelExecutor",
-           "SimulatedExecutor", "Iteration", "LLMEngine", "IterationPredictor", "SimpleLatencyModel", "Priority",
+           "SimulatedExecutor", "Iteration", "LLMEngine", "Priority",
            "Request", "RequestOutput", "RequestStatus", "ScheduledBatch", "Scheduler"]

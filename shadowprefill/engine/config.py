@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-SHADOW_MODES = ("none", "harvest", "harvest-slo", "eager")
-DEFAULT_DELTA = {"harvest-slo": 0.025, "harvest": 0.1, "none": 0.0, "eager": 0.0}
+from shadowprefill.engine.scheduler import ADMISSIONS
+from shadowprefill.shadow.policy import SHADOW_POLICIES
+
+SHADOW_MODES = tuple(SHADOW_POLICIES)
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -41,9 +43,13 @@ class EngineConfig:
 
     Batching: `token_budget` new tokens and `max_seqs` sequences per iteration.
 
-    Shadow prefill (`shadow_mode`): "none" (No Shadow), "harvest" (fixed credit on busy iterations),
-    "harvest-slo" (Algorithm 1 with the SLO-slack controller), "eager" (shadow jobs as normal-priority
-    requests). `beta`: idle/iteration cap as a fraction of the TPOT SLO; `delta`: credit rate (None: the
+    Admission (`admission`): "fcfs" (routed calls and normal traffic in one queue by arrival, as the paper's
+    vLLM engines) or "routed-first" (waiting routed calls before normal traffic; a routed admission may
+    preempt running normal requests).
+
+    Shadow prefill (`shadow_mode`, a `shadow.policy` name): "harvest-slo" (Algorithm 1 with the SLO-slack
+    controller; the default), "harvest" (fixed credit on busy iterations), "eager" (shadow jobs as
+    normal-priority requests), "none" (No Shadow: `add_shadow` is ignored). `beta`: idle/iteration cap as a fraction of the TPOT SLO; `delta`: credit rate (None: the
     mode's default); `margin`: SLO margin m of Eq. 1; `n_min`: smallest shadow chunk;
     `idle_cap_s`: overrides β·T as the cap of shadow-only iterations; `shadow_min_switch_prob`: jobs
     below this switch probability are not run (the paper's Predictive gate is 0.25);
@@ -58,7 +64,8 @@ class EngineConfig:
     block_size: int = 16
     token_budget: int = 2048
     max_seqs: int = 256
-    shadow_mode: str = "none"
+    admission: str = "routed-first"
+    shadow_mode: str = "harvest-slo"
     beta: float = 0.5
     delta: float | None = None
     margin: float = 0.1
@@ -88,6 +95,8 @@ class EngineConfig:
         _check_int("n_min", self.n_min, 0)
         if self.shadow_mode not in SHADOW_MODES:
             raise ValueError(f"shadow_mode must be one of {SHADOW_MODES}, got {self.shadow_mode!r}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
         _check_number("beta", self.beta)
         _check_number("delta", self.delta, allow_none=True)
         _check_number("margin", self.margin, maximum=0.999)
@@ -108,16 +117,6 @@ class EngineConfig:
             _check_int("eos_token_id", self.eos_token_id, 0)
         if not isinstance(self.model_id, str):
             raise TypeError(f"model_id must be a str, got {type(self.model_id).__name__}")
-
-    @property
-    def effective_delta(self) -> float:
-        """δ: the configured credit rate, or the mode's default (0.025 Harvest-SLO, 0.1 Harvest)."""
-        return DEFAULT_DELTA[self.shadow_mode] if self.delta is None else float(self.delta)
-
-    @property
-    def shadow_enabled(self) -> bool:
-        """Shadow jobs run through the controller (Harvest, Harvest-SLO)."""
-        return self.shadow_mode in ("harvest", "harvest-slo")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -1,7 +1,7 @@
 """Executors: run one scheduled iteration (DESIGN.md §5).
 
 `ModelExecutor` runs the real forward pass (write_kv + paged_attention per layer) over the paged KV
-cache and samples greedily. `SimulatedExecutor` runs nothing: it asks a latency model how long the
+cache and samples greedily; which rows sample is the scheduler's decision (`batch.samples`). `SimulatedExecutor` runs nothing: it asks a latency model how long the
 iteration would take, so the simulator drives the very same scheduler, pool and controller on a
 virtual clock. Both return the tokens sampled for `batch.samples` (in that order) and the iteration's
 duration in seconds.
@@ -46,50 +46,28 @@ class ModelExecutor(Executor):
         self.block_size = kv_cache.shape[4]
         self.device = kv_cache.device
 
-    def build_forward_batch(self, batch) -> ForwardBatch:
-        """The ForwardBatch of a scheduled iteration."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        cu = [0]
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        logits_rows: list[int] = []
-
-        def add(tokens: list[int], start: int, table: list[int], sample: bool) -> None:
-            end = start + len(tokens)
-            input_ids.extend(tokens)
-            positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            cu.append(cu[-1] + len(tokens))
-            seq_lens.append(end)
-            tables.append(table)
-            if sample:
-                logits_rows.append(cu[-1] - 1)
-
+    def forward_batch(self, batch) -> ForwardBatch:
+        """The ForwardBatch of a scheduled iteration: decodes, prefill chunks, shadow chunks; the rows that
+        sample are the scheduler's (`batch.samples`: decodes and the prefills with `samples_now`)."""
+        feeds, cached, tables, logits = [], [], [], []
         for r in batch.decodes:
             c = r.num_computed_tokens
-            add(r.all_token_ids[c:c + 1], c, r.block_ids, True)
+            feeds.append(r.all_token_ids[c:c + 1])
+            cached.append(c)
+            tables.append(r.block_ids)
+            logits.append(True)
         for r, n in batch.prefills:
             c = r.num_computed_tokens
-            add(r.all_token_ids[c:c + n], c, r.block_ids, n == r.num_remaining and not r.prefill_only)
+            feeds.append(r.all_token_ids[c:c + n])
+            cached.append(c)
+            tables.append(r.block_ids)
+            logits.append(r.samples_now)
         for chunk in batch.shadow_chunks:
-            add(chunk.new_token_ids, chunk.start, chunk.block_ids, False)
-
-        width = max(1, max(len(t) for t in tables))
-        table = torch.zeros((len(tables), width), dtype=torch.int32)   # padding page 0 is never read
-        for i, t in enumerate(tables):
-            table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        dev = self.device
-
-        def tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(dev)
-
-        return ForwardBatch(input_ids=tensor(input_ids, torch.int64), positions=tensor(positions, torch.int64),
-                            slot_mapping=tensor(slots, torch.int64), block_table=table.to(dev),
-                            cu_seqlens_q=tensor(cu, torch.int32), seq_lens=tensor(seq_lens, torch.int32),
-                            logits_indices=tensor(logits_rows, torch.int64))
+            feeds.append(chunk.new_token_ids)
+            cached.append(chunk.start)
+            tables.append(chunk.block_ids)
+            logits.append(False)
+        return ForwardBatch.from_sequences(feeds, cached, tables, self.block_size, logits=logits, device=self.device)
 
     def _wait_for_reloads(self, batch) -> None:
         """Host-tier reloads run on a side stream: the compute stream waits on their events."""
@@ -104,7 +82,7 @@ class ModelExecutor(Executor):
     def execute(self, batch) -> ExecuteResult:
         start = time.perf_counter()
         self._wait_for_reloads(batch)
-        fb = self.build_forward_batch(batch)
+        fb = self.forward_batch(batch)
         logits = self.model.forward(fb, self.kv_cache)
         tokens = logits.argmax(dim=-1).tolist() if logits.shape[0] else []   # greedy; tolist() syncs
         if len(tokens) != len(batch.samples):
@@ -129,7 +107,7 @@ class SimulatedExecutor(Executor):
         self._reload = getattr(latency_model, "reload_time", None)
 
     def execute(self, batch) -> ExecuteResult:
-        duration = float(self.latency_model.iteration_time(batch.prefill_list(), batch.decode_contexts()))
+        duration = float(self.latency_model.iteration_time(*batch.shape()))
         if self._reload is not None and batch.reload_tokens:
             duration += float(self._reload(batch.reload_tokens))
         fn = self.token_fn

@@ -1,40 +1,57 @@
-"""LLMEngine: one serving instance — scheduler, KV pool, shadow controller, executor, clock.
+"""LLMEngine: one serving instance — scheduler, KV cache manager, shadow controller, executor, clock.
 
-One iteration (DESIGN.md §5): the scheduler batches decodes, prefill chunks and admissions; the shadow
-controller adds shadow chunks (Algorithm 1); the executor runs the batch (a real forward, or a latency
-model on a virtual clock); the engine appends tokens, finishes requests, registers full pages in the
-prefix cache, accrues credit and refits the latency predictor.
+One iteration, in the shape nano-vllm made familiar (DESIGN.md §5):
 
-    engine = LLMEngine(model, EngineConfig(num_blocks=512, shadow_mode="harvest-slo"))
+    batch  = scheduler.schedule(now)                  # decodes, prefill chunks, admissions
+    budget = controller.plan(batch.view(...))         # Algorithm 1 lines 1-12 (shadow/controller.py)
+    batch.shadow_chunks = take(jobs, budget, kv, now) # line 15 (shadow/jobs.py)
+    result = executor.execute(batch)                  # a real forward, or a latency model's duration
+    outputs = scheduler.postprocess(batch, tokens)    # tokens, finishes, prefix-cache registration
+    complete(jobs, chunks, kv); controller.end_iteration(...); predictor.observe(...)
+
+    engine = LLMEngine(model, EngineConfig(num_blocks=512))          # Harvest-SLO by default
     engine.add_request("r1", prompt, max_tokens=32, priority="routed", session_id="s1")
     engine.add_shadow("s2", history_of_s2, switch_prob=0.4)
     while engine.has_work():
         for out in engine.step(): ...
 
-For a discrete-event simulator, `schedule_step()` runs the iteration and returns it with its
-duration; the simulator moves the (shared, virtual) clock to its end and calls `complete_step(it)`.
-`step()` is the two together, advancing the engine's own clock.
+For a discrete-event simulator, `schedule_step()` runs the iteration and returns it with its duration; the
+simulator moves the (shared, virtual) clock to its end and calls `complete_step(it)`. `step()` is the two
+together, advancing the engine's own clock.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+from typing import NamedTuple
 
 from shadowprefill.engine.clock import Clock, VirtualClock, WallClock
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.executor import Executor, ModelExecutor, SimulatedExecutor
-from shadowprefill.engine.predictor import IterationPredictor, SimpleLatencyModel
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.engine.scheduler import ScheduledBatch, Scheduler
 from shadowprefill.engine.stats import EngineStats
-from shadowprefill.kv.block_pool import BlockPool
 from shadowprefill.kv.host_tier import HostTier
+from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.spec import KVCacheSpec
-from shadowprefill.shadow.controller import ShadowController
-from shadowprefill.shadow.jobs import ShadowJobQueue, check_token_ids
+from shadowprefill.kv.stats import PoolStats
+from shadowprefill.model.latency import LatencyModel
+from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
+from shadowprefill.shadow.jobs import ShadowJobQueue, check_token_ids, complete, take
+from shadowprefill.shadow.predictor import IterationPredictor
 
+logger = logging.getLogger(__name__)
 
 SHADOW_RETRY_S = 0.1   # seconds before an engine retries shadow work that could not run
+
+
+class ShadowProgress(NamedTuple):
+    """A session's shadow job on one engine: its history and how much of it the engine caches."""
+
+    token_ids: list[int]
+    num_cached: int
+    tenant: str
 
 
 class Iteration:
@@ -52,7 +69,7 @@ class LLMEngine:
     `model_or_executor`: a model with `forward(ForwardBatch, kv_cache)` and `kv_spec(block_size)` (a
     ModelExecutor is built over a freshly allocated KV cache on the model's device), or an `Executor`
     (e.g. `SimulatedExecutor(latency_model)`). `clock`: default WallClock for a model, VirtualClock for a
-    SimulatedExecutor. `latency_model` seeds the predictor t̂ (default: the SimulatedExecutor's, else a
+    SimulatedExecutor. `latency_model` seeds the predictor t̂ (default: the SimulatedExecutor's, else the
     roofline of the model's config). `host_tier`: a ready HostTier, else one of `config.host_tier_gib`.
     """
 
@@ -75,16 +92,19 @@ class LLMEngine:
             spec = model.kv_spec(bs)
             kv_cache = spec.allocate(config.num_blocks, model.device)
             self.executor = ModelExecutor(model, kv_cache)
-            model_config = getattr(model, "config", None)
-            self.vocab_size = getattr(model_config, "vocab_size", None)
-            self.max_position = getattr(model_config, "max_position", None)
-            if latency_model is None and model_config is not None:
-                latency_model = SimpleLatencyModel.for_model_config(model_config)
         else:
             raise TypeError("model_or_executor must be an Executor or a model with kv_spec()/forward(), got "
                             f"{type(model_or_executor).__name__}")
+        model_config = getattr(getattr(self.executor, "model", None), "config", None)
+        if model_config is not None:
+            self.vocab_size = getattr(model_config, "vocab_size", None)
+            self.max_position = getattr(model_config, "max_position", None)
+            if latency_model is None:
+                latency_model = LatencyModel(model_config, tp=1)     # the roofline seed; refitted online
         if latency_model is None and isinstance(self.executor, SimulatedExecutor):
             latency_model = self.executor.latency_model
+        if latency_model is None:
+            raise ValueError("latency_model: needed to seed the predictor (none could be derived)")
         if clock is None:
             clock = VirtualClock() if isinstance(self.executor, SimulatedExecutor) else WallClock()
         if not (callable(getattr(clock, "now", None)) and callable(getattr(clock, "advance", None))):
@@ -96,20 +116,33 @@ class LLMEngine:
             if page_bytes <= 0:
                 raise ValueError("config.page_bytes must be > 0 to size a host tier without KV tensors")
             host_tier = HostTier(capacity_bytes=int(config.host_tier_gib * 2**30), spec=spec, page_bytes=page_bytes)
-        self.pool = BlockPool(config.num_blocks, bs, kv_cache=kv_cache, host_tier=host_tier,
-                              page_bytes=0 if kv_cache is not None else page_bytes,
-                              shadow_fraction=config.shadow_fraction, cold_age_s=config.cold_age_s,
-                              model_id=config.model_id)
+        self.kv = KVCacheManager(config.num_blocks, bs, kv_cache=kv_cache, host_tier=host_tier,
+                                 page_bytes=0 if kv_cache is not None else page_bytes,
+                                 shadow_fraction=config.shadow_fraction, cold_age_s=config.cold_age_s,
+                                 model_id=config.model_id)
         self.predictor = IterationPredictor(latency_model, forgetting=config.predictor_forgetting)
+        self._reload_time = getattr(latency_model, "reload_time", None)
+        self._host_transfer = getattr(getattr(self.executor, "latency_model", None), "host_transfer_time", None)
+        tpot = config.tpot_slo_s if config.tpot_slo_s is not None else default_tpot_slo(
+            self.predictor, minimum=config.min_tpot_slo_s, factor=config.slo_factor)
+        self.controller = ShadowController(config.shadow_mode, self.predictor, tpot_slo=tpot,
+                                           token_budget=config.token_budget, max_seqs=config.max_seqs,
+                                           beta=config.beta, delta=config.delta, margin=config.margin,
+                                           n_min=config.n_min, idle_cap_s=config.idle_cap_s)
+        self.policy = self.controller.policy
         self.jobs = ShadowJobQueue(bs, config.default_switch_prob)
-        self.controller = ShadowController(config, self.predictor, self.jobs, self.pool)
-        self.scheduler = Scheduler(config, self.pool, on_admit=self._on_admit)
-        self._requests: dict[str, Request] = {}
-        self._eager: dict[str, tuple[list[int], Request | None, str]] = {}   # session -> (history, request, tenant)
+        self._stats = EngineStats()
+        self.scheduler = Scheduler(config, self.kv, self._stats, on_admit=self._on_admit)
+        self._shadow_requests: dict[str, tuple[list[int], Request | None, str]] = {}   # Eager: session -> ...
         self._seq = itertools.count()
         self._in_flight: Iteration | None = None
         self._shadow_retry_at = -math.inf          # shadow work that could not run is retried from then on
-        self._stats = EngineStats()
+        self._warned_ignored = False
+
+    @property
+    def tpot_slo(self) -> float:
+        """T: the engine's TPOT SLO (configured, or the paper's rule from the predictor)."""
+        return self.controller.tpot_slo
 
     # ------------------------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids, max_tokens: int, priority: str = "normal",
@@ -120,7 +153,7 @@ class LLMEngine:
         job here: whatever the shadow computed is in the prefix cache, and the call prefills the rest."""
         if not isinstance(request_id, str) or not request_id:
             raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
-        if request_id in self._requests:
+        if request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request_id!r} is already queued or running")
         prompt = check_token_ids("prompt_token_ids", prompt_token_ids)
         if not prompt:
@@ -147,66 +180,90 @@ class LLMEngine:
         if not isinstance(tenant, str):
             raise TypeError(f"tenant must be a str, got {type(tenant).__name__}")
         now = self.clock.now()
-        ttft = float(ttft_slo) if ttft_slo is not None else self.controller.default_ttft_slo(len(prompt))
-        tpot = float(tpot_slo) if tpot_slo is not None else self.controller.tpot_slo
+        cfg = self.config
+        ttft = float(ttft_slo) if ttft_slo is not None else (
+            float(cfg.ttft_slo_s) if cfg.ttft_slo_s is not None else
+            default_ttft_slo(self.predictor, len(prompt), cfg.token_budget, minimum=cfg.min_ttft_slo_s,
+                             factor=cfg.slo_factor))
+        tpot = float(tpot_slo) if tpot_slo is not None else self.tpot_slo
         r = Request(request_id, prompt, max_tokens, prio, now, next(self._seq), session_id=session_id,
                     tenant=tenant, ttft_slo=ttft, tpot_slo=tpot)
-        r.ttft_deadline = now + (1.0 - self.config.margin) * ttft
         if prio is Priority.ROUTED and session_id is not None:
             self.cancel_shadow(session_id)
-        self._requests[request_id] = r
         self.scheduler.add(r)
         self._shadow_retry_at = -math.inf
         return r
 
     def abort_request(self, request_id: str) -> None:
         """Drop a queued or running request (its pages go back to the pool)."""
-        r = self._requests.pop(request_id, None)
+        r = self.scheduler.requests.get(request_id)
         if r is None:
             raise KeyError(f"no unfinished request {request_id!r}")
-        self.scheduler.abort(r, self.clock.now())
         r.finish_reason = "abort"
+        self.scheduler.abort(r, self.clock.now())
 
     # -------------------------------------------------------------------------------------- shadow
     def add_shadow(self, session_id: str, token_ids, switch_prob: float | None = None, tenant: str = "") -> None:
-        """Make `token_ids` (the session's history) the shadow target of this engine (§3.1): an
-        extension keeps progress, a rewrite keeps the longest common prefix. Ignored in mode "none";
-        in mode "eager" it becomes a normal-priority prefill request."""
-        mode = self.config.shadow_mode
-        now = self.clock.now()
-        if mode == "none":
-            return
-        if mode == "eager":
-            tokens = check_token_ids("token_ids", token_ids)
-            self._submit_eager(session_id, tokens, tenant, now)
-            return
-        self.jobs.upsert(session_id, token_ids, now=now, switch_prob=switch_prob, tenant=tenant)
-        self._shadow_retry_at = -math.inf
+        """Make `token_ids` (the session's history) the shadow target of this engine (§3.1): an extension
+        keeps progress, a rewrite keeps the longest common prefix. What happens is the controller policy's:
+        shadow jobs (Harvest, Harvest-SLO), a normal-priority prefill request (Eager), or nothing (none;
+        logged once)."""
+        policy = self.policy
+        if not isinstance(session_id, str) or not session_id:
+            raise TypeError(f"session_id must be a non-empty str, got {session_id!r}")
+        if policy.runs_jobs:
+            self.jobs.upsert(session_id, token_ids, now=self.clock.now(), switch_prob=switch_prob, tenant=tenant)
+            self._shadow_retry_at = -math.inf
+        elif policy.as_requests:
+            self._submit_shadow_request(session_id, check_token_ids("token_ids", token_ids), tenant)
+        elif not self._warned_ignored:
+            self._warned_ignored = True
+            logger.info("add_shadow ignored: this engine's shadow policy is 'none' (logged once)")
 
     def extend_shadow(self, session_id: str, token_ids) -> None:
         """Append tokens (streamed output) to a session's shadow history; creates no job."""
-        mode = self.config.shadow_mode
-        if mode == "eager" and session_id in self._eager:
-            history, req, tenant = self._eager[session_id]
-            history.extend(check_token_ids("token_ids", token_ids))
-        elif mode in ("harvest", "harvest-slo") and session_id in self.jobs:
-            self.jobs.extend(session_id, token_ids, now=self.clock.now())
-            self._shadow_retry_at = -math.inf
+        if self.policy.runs_jobs:
+            if session_id in self.jobs:
+                self.jobs.extend(session_id, token_ids, now=self.clock.now())
+                self._shadow_retry_at = -math.inf
+        elif session_id in self._shadow_requests:
+            self._shadow_requests[session_id][0].extend(check_token_ids("token_ids", token_ids))
 
     def cancel_shadow(self, session_id: str) -> None:
-        """Forget a session's shadow job (pages already computed stay cached)."""
+        """Forget a session's shadow work (pages already computed stay cached)."""
         self.jobs.remove(session_id)
-        entry = self._eager.pop(session_id, None)
+        entry = self._shadow_requests.pop(session_id, None)
         if entry is not None and entry[1] is not None and entry[1].status is RequestStatus.WAITING:
-            self._requests.pop(entry[1].request_id, None)
             self.scheduler.abort(entry[1], self.clock.now())
 
-    def _submit_eager(self, session_id: str, tokens: list[int], tenant: str, now: float) -> None:
-        """Eager (Table 2): shadow work as an ordinary normal-priority request; a newer history replaces
-        one still waiting."""
-        old = self._eager.get(session_id)
+    def shadow_progress(self, session_id: str) -> ShadowProgress | None:
+        """The session's shadow job here (history, tokens of it believed cached, tenant), or None."""
+        job = self.jobs.get(session_id)
+        return None if job is None else ShadowProgress(job.token_ids, job.num_cached, job.tenant)
+
+    def shadow_pending_tokens(self, session_id: str | None = None) -> int:
+        """Whole-page shadow tokens not cached yet: of one session's job (0 without one), or of all."""
+        if session_id is None:
+            return self.jobs.pending_tokens()
+        job = self.jobs.get(session_id)
+        return 0 if job is None else job.pending_tokens(self.config.block_size)
+
+    def load(self) -> dict:
+        """A snapshot of what the engine holds: waiting / running requests, shadow jobs, free pages."""
+        sched = self.scheduler
+        return {"waiting": sched.num_waiting(), "running": len(sched.running), "shadow_jobs": len(self.jobs),
+                "shadow_pending_tokens": self.jobs.pending_tokens(), "free_blocks": self.kv.num_free_blocks}
+
+    def shadow_sessions(self) -> list[str]:
+        """Sessions with a shadow job here, in the order their work runs (switch probability)."""
+        return [job.session_id for job in self.jobs.ordered()]
+
+    def _submit_shadow_request(self, session_id: str, tokens: list[int], tenant: str) -> None:
+        """Eager (Table 2): shadow work as an ordinary normal-priority prefill request; a newer history
+        replaces one still waiting."""
+        now = self.clock.now()
+        old = self._shadow_requests.get(session_id)
         if old is not None and old[1] is not None and old[1].status is RequestStatus.WAITING:
-            self._requests.pop(old[1].request_id, None)
             self.scheduler.abort(old[1], now)
         tokens = tokens[:self.config.num_blocks * self.config.block_size]   # what the pool can ever hold
         if self.max_position is not None:
@@ -216,8 +273,7 @@ class LLMEngine:
         rid = f"__shadow__:{session_id}:{next(self._seq)}"
         r = Request(rid, tokens, 0, Priority.NORMAL, now, next(self._seq), session_id=session_id, tenant=tenant,
                     prefill_only=True, internal=True)
-        self._requests[rid] = r
-        self._eager[session_id] = (list(tokens), r, tenant)
+        self._shadow_requests[session_id] = (list(tokens), r, tenant)
         self.scheduler.add(r)
 
     # ---------------------------------------------------------------------------------------- step
@@ -225,7 +281,7 @@ class LLMEngine:
         """Requests queued or running, or shadow work that can run now."""
         if self.scheduler.has_unfinished():
             return True
-        return (self.config.shadow_enabled and self.clock.now() >= self._shadow_retry_at
+        return (self.policy.runs_jobs and self.clock.now() >= self._shadow_retry_at
                 and self.jobs.has_runnable(self.config.n_min, self.config.shadow_min_switch_prob))
 
     def step(self) -> list[RequestOutput]:
@@ -242,8 +298,14 @@ class LLMEngine:
             raise RuntimeError("complete_step() the previous iteration first")
         now = self.clock.now()
         batch = self.scheduler.schedule(now)
-        if self.config.shadow_enabled:
-            batch.shadow_chunks = self.controller.plan(batch, now)
+        if self.policy.runs_jobs:
+            budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)))
+            if len(self.jobs):
+                chunks = take(self.jobs, budget, self.kv, now, min_switch_prob=self.config.shadow_min_switch_prob,
+                              reload_time=self._reload_time)
+                if chunks:
+                    batch.shadow_chunks = chunks
+                    batch.reload_tokens += sum(c.host_tokens for c in chunks)
         if batch.is_empty:
             # only shadow work was left and none can run now: what blocks it (shadow KV not yet cold, no
             # slack, credit) changes with time, so offer it again after a short pause, or on new work
@@ -253,6 +315,10 @@ class LLMEngine:
         self._in_flight = Iteration(batch, result.tokens, result.duration, now)
         return self._in_flight
 
+    def _free_shadow_tokens(self, limit: int, now: float) -> int:
+        bs = self.config.block_size
+        return self.kv.free_blocks(now=now, shadow=True, limit=limit // bs) * bs
+
     def complete_step(self, it: Iteration) -> list[RequestOutput]:
         """Apply an executed iteration at clock.now() (its end): tokens, finishes, cache, credit, t̂."""
         if it is not self._in_flight:
@@ -260,12 +326,12 @@ class LLMEngine:
         self._in_flight = None
         now = self.clock.now()
         batch, duration = it.batch, it.duration
-        features = batch.features() if self.config.refit_predictor else None   # before _update advances contexts
-        outputs = self._update(batch, it.tokens, now)
-        shadow_tokens = self.controller.complete(batch.shadow_chunks, now)
-        self.controller.on_iteration_end(batch, duration)
-        if features is not None:
-            self.predictor.observe_features(features, duration)
+        shape = batch.shape() if self.config.refit_predictor else None   # before postprocess advances contexts
+        outputs = self.scheduler.postprocess(batch, it.tokens, now)
+        shadow_tokens = complete(self.jobs, batch.shadow_chunks, self.kv, now) if batch.shadow_chunks else 0
+        self.controller.end_iteration(duration, busy=batch.has_requests, decode_only=batch.is_decode_only)
+        if shape is not None:
+            self.predictor.observe(*shape, duration)
         st = self._stats
         st.iterations += 1
         st.busy_time_s += duration
@@ -274,78 +340,6 @@ class LLMEngine:
         if not batch.has_requests:
             st.shadow_only_iterations += 1
         return outputs
-
-    def _update(self, batch: ScheduledBatch, tokens: list[int], now: float) -> list[RequestOutput]:
-        """Append sampled tokens (decodes first, then finished prefills: the order of batch.samples),
-        keep Eq. 1's deadline f_r + (1-m)·T_r·(k_r+1), finish requests, register filled pages."""
-        st = self._stats
-        running = RequestStatus.RUNNING
-        step = 1.0 - self.config.margin
-        bs = self.config.block_size
-        eos = self.config.eos_token_id
-        outputs: list[RequestOutput] = []
-        emit = outputs.append
-        finished = False
-        decodes = batch.decodes
-        num_decodes = len(decodes)
-        st.decode_tokens += num_decodes
-        for r, n in batch.prefills:
-            if r.status is running:
-                r.num_computed_tokens += n
-                if r.internal:
-                    st.eager_shadow_tokens += n
-                elif r.priority is Priority.ROUTED:
-                    st.prefill_tokens_routed += n
-                else:
-                    st.prefill_tokens_normal += n
-        commit_full_pages = self.scheduler.commit_full_pages
-        for i, r in enumerate(batch.samples):
-            if r.status is not running:          # aborted while in flight
-                continue
-            tok = tokens[i]
-            out = r.output_token_ids
-            out.append(tok)
-            r.all_token_ids.append(tok)
-            if i < num_decodes:                  # a decode (it has its first token already)
-                r.num_computed_tokens += 1
-                r.num_decode_iters += 1
-                r.tpot_deadline += step * r.tpot_slo               # Eq. 1: k_r -> k_r + 1
-            elif r.first_token_time is None:
-                r.first_token_time = now
-                r.tpot_deadline = now + step * r.tpot_slo          # Eq. 1 with k_r = 0
-            else:                                # a recomputed prefill (after preemption)
-                r.num_decode_iters += 1
-                r.tpot_deadline += step * r.tpot_slo
-            num_out = len(out)
-            if num_out >= r.max_tokens or tok == eos:
-                self._finish(r, now, "stop" if tok == eos else "length")
-                finished = True
-                if not r.internal:
-                    emit(RequestOutput(r, num_out, True))
-                continue
-            if r.num_computed_tokens // bs > r.num_committed_blocks:
-                commit_full_pages(r, now)
-            if not r.internal:
-                emit(RequestOutput(r, num_out, False))
-        for r, n in batch.prefills:
-            if r.status is running:
-                if r.num_computed_tokens == len(r.all_token_ids):    # prefill-only request done
-                    self._finish(r, now, "prefilled")
-                    finished = True
-                elif r.num_computed_tokens // bs > r.num_committed_blocks:
-                    self.scheduler.commit_full_pages(r, now)
-        if finished:
-            self.scheduler.remove_finished()
-        return outputs
-
-    def _finish(self, r: Request, now: float, reason: str) -> None:
-        self.scheduler._free(r, now)
-        r.status = RequestStatus.FINISHED
-        r.finish_time = now
-        r.finish_reason = reason
-        self._requests.pop(r.request_id, None)
-        if not r.internal:
-            self._stats.requests_finished += 1
 
     def _on_admit(self, r: Request, match) -> None:
         if r.internal or r.num_preemptions:
@@ -363,29 +357,58 @@ class LLMEngine:
     @property
     def stats(self) -> EngineStats:
         st = self._stats
-        st.budget_branches = dict(self.controller.branch_counts)
-        st.credit = self.controller.credit
-        st.credit_earned_s = self.controller.credit_earned
-        st.credit_spent_s = self.controller.credit_spent
+        ctl = self.controller
+        st.budget_branches = dict(ctl.branch_counts)
+        st.credit, st.credit_earned_s, st.credit_spent_s = ctl.credit, ctl.credit_earned, ctl.credit_spent
         st.preemptions = self.scheduler.num_preemptions
         return st
 
+    @property
+    def kv_stats(self) -> PoolStats:
+        """The KV cache manager's accounting (hits by tier, evictions, spills, shadow pages used/wasted)."""
+        return self.kv.stats
+
     def num_unfinished_requests(self) -> int:
-        return len(self._requests)
+        """Requests queued or running (Eager's shadow requests included)."""
+        return len(self.scheduler.requests)
 
     def queued_prefill_tokens(self) -> int:
         """Tokens still to prefill over waiting and prefilling requests (the queue part of a router's
         prefill-completion estimate)."""
-        total = sum(r.num_remaining for q in self.scheduler.waiting.values() for r in q)
-        return total + sum(r.num_remaining for r in self.scheduler.running if r.num_remaining > 1)
+        sched = self.scheduler
+        total = sum(r.num_remaining for q in sched.waiting.values() for r in q)
+        return total + sum(r.num_remaining for r in sched.running if r.num_remaining > 1)
 
     def cached_prefix_tokens(self, token_ids, tenant: str = "", hashes=None) -> tuple[int, int]:
         """(device, host) tokens of token_ids' longest cached prefix, without touching the cache. hashes: a
         `page_hash_chain(token_ids, tenant)` kept by the caller across calls (e.g. per session and model), so a
         long history is not re-hashed on every routing decision."""
-        return self.pool.peek_prefix(token_ids, tenant=tenant, hashes=hashes)
+        return self.kv.peek_prefix(token_ids, tenant=tenant, hashes=hashes)
 
     def page_hash_chain(self, token_ids, tenant: str = ""):
         """A kv.PageHashes of an append-only token list for this engine's model and `tenant` (valid on every
         engine of the same model id and block size)."""
-        return self.pool.page_hash_chain(token_ids, tenant=tenant)
+        return self.kv.hash_chain(token_ids, tenant=tenant)
+
+    def estimate_prefill_s(self, prompt, tenant: str = "", assume_cached: int | None = None) -> float:
+        """Estimated seconds until `prompt` finishes prefill here (§3.1 "Sticky model placement"): the
+        prefill queued ahead of it, then its own uncached tokens after the cached prefix (host-cached tokens
+        add their reload). `assume_cached`: treat that many leading tokens as cached on the device."""
+        budget, pred = self.config.token_budget, self.predictor
+        if assume_cached is None:
+            dev, host = self.cached_prefix_tokens(prompt, tenant)
+        else:
+            dev, host = assume_cached, 0
+        cached = min(dev + host, len(prompt) - 1)
+        host = max(0, cached - dev)
+        queue = self.queued_prefill_tokens()
+        t = pred.prefill_time(queue, 0, budget) if queue > 0 else 0.0
+        t += pred.prefill_time(len(prompt) - cached, cached, budget)
+        if host and self._host_transfer is not None:
+            t += self._host_transfer(host)
+        return t
+
+    def import_prefix(self, token_ids, tenant: str = "", shadow: bool = False) -> tuple[int, int]:
+        """Make `token_ids`' whole pages resident without computing them (KV that arrived from elsewhere: a
+        P/D transfer, Oracle's free prefix). Returns (tokens resident, tokens added)."""
+        return self.kv.import_prefix(token_ids, now=self.clock.now(), tenant=tenant, shadow=shadow)

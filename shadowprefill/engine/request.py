@@ -1,7 +1,8 @@
 """Requests and their per-step outputs.
 
 A `Request` is one LLM call on one engine: a prompt, a generation limit, a priority class and the SLOs
-the shadow controller reads (paper §3.2: arrival time, first-token time, iteration count). Priorities
+the shadow controller reads (paper §3.2: arrival time, first-token time, iteration count; it satisfies
+`shadow.view.RequestState`). Priorities
 order every decision of the scheduler: routed calls (the agent's own calls) before normal traffic before
 shadow work (DESIGN.md §1, §5).
 
@@ -51,8 +52,8 @@ class Request:
         "ttft_slo", "tpot_slo", "arrival_time", "arrival_seq", "prefill_only", "internal",
         "status", "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids",
         "num_committed_blocks", "num_cached_tokens", "num_host_cached_tokens", "first_token_time",
-        "finish_time", "num_decode_iters", "tpot_deadline", "ttft_deadline", "num_preemptions",
-        "ready_event", "finish_reason", "admitted", "sched_stamp",
+        "finish_time", "num_decode_iters", "num_preemptions", "ready_event", "finish_reason", "admitted",
+        "sched_stamp", "samples_now",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, priority: Priority,
@@ -82,13 +83,12 @@ class Request:
         self.admitted = False
         self.first_token_time: float | None = None   # f_r
         self.finish_time: float | None = None
-        self.num_decode_iters = 0           # k_r: iterations completed since the first token
-        self.tpot_deadline = math.inf       # f_r + (1-m) T_r (k_r + 1): Eq. 1 gives sigma_r = this - t
-        self.ttft_deadline = math.inf       # a_r + (1-m) F_r
+        self.num_decode_iters = 0           # k_r: iterations completed since the first token (Eq. 1)
         self.num_preemptions = 0
         self.ready_event = None             # host-tier reload the next forward must wait on
         self.finish_reason: str | None = None
         self.sched_stamp = -1               # the scheduler pass that last put it in a batch
+        self.samples_now = False            # its chunk in the current batch samples a token
 
     # ------------------------------------------------------------------------------------------ views
     @property

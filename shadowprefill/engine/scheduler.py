@@ -1,14 +1,19 @@
-"""Continuous-batching scheduler (DESIGN.md §5, paper §3.2 "Where shadow work runs").
+"""Continuous-batching scheduler: builds each iteration and owns every request's lifecycle (DESIGN.md §5).
 
-One `schedule(now)` builds one iteration, in priority order and under `token_budget` new tokens and
-`max_seqs` sequences: (1) every running decode, (2) in-flight prefill chunks, (3) admissions from the
-waiting queue, routed calls before normal traffic, then by arrival. Running requests are kept sorted by
-(priority, arrival), so when the KV pool runs out the victim is the last of them: normal traffic is
-preempted before routed calls, newest first, and recomputed later from whatever of its prefix is still
-cached. A waiting routed call may preempt running normal requests to get memory; a normal admission
-never preempts. Shadow work holds no pages between iterations (its pages are evict-first cache
-entries), so it can never be the reason anyone is preempted; the controller adds shadow chunks to the
-batch after this, and only if nothing waits and no admission was blocked (Alg. 1 line 1).
+`schedule(now)` builds one iteration under `token_budget` new tokens and `max_seqs` sequences: (1) every
+running decode, (2) in-flight prefill chunks, (3) admissions from the waiting queue. Admission order
+(`EngineConfig.admission`): "fcfs" takes routed calls and normal traffic from one queue by arrival, as the
+paper's vLLM engines do; "routed-first" admits waiting routed calls before normal traffic. Running requests
+are kept in admission rank order, so when the KV pool runs out the victim is the last of them (recompute
+preemption; the newest first, and under routed-first normal traffic before routed calls). Under
+routed-first a waiting routed call may also preempt running normal requests to get memory; otherwise an
+admission never preempts. Shadow work holds no pages between iterations (its pages are evict-first cache
+entries), so it can never be the reason anyone waits or is preempted (Alg. 1 line 1: the controller adds
+shadow chunks after this, only if nothing waits and no admission was blocked).
+
+`postprocess(batch, tokens, now)` applies an executed iteration: appends sampled tokens, records first-token
+times and decode iterations (the controller's Eq. 1 reads them), finishes requests, registers filled pages
+in the prefix cache and frees finished requests' pages.
 """
 from __future__ import annotations
 
@@ -16,36 +21,41 @@ import bisect
 import operator
 from typing import Callable
 
-from shadowprefill.engine.request import Priority, Request, RequestStatus
+from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
+from shadowprefill.shadow.view import IterationView
 
 _computed = operator.attrgetter("num_computed_tokens")
+ADMISSIONS = ("fcfs", "routed-first")
 
 
-def _rank(r: Request) -> tuple[int, int]:
+def _rank_routed_first(r: Request) -> tuple[int, int]:
     return (r.priority, r.arrival_seq)
 
 
-class ScheduledBatch:
-    """One iteration's work: decodes, prefill chunks (and, added by the controller, shadow chunks).
+def _rank_fcfs(r: Request) -> int:
+    return r.arrival_seq
 
-    `samples` lists, in forward-batch order, the requests that sample a token this iteration.
-    """
+
+class ScheduledBatch:
+    """One iteration's work: decodes, prefill chunks (and, added after the controller's budget, shadow
+    chunks). `samples` lists, in forward-batch order, the requests that sample a token this iteration."""
 
     __slots__ = ("now", "decodes", "prefills", "shadow_chunks", "samples", "waiting_nonempty",
-                 "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens")
+                 "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens", "_shape")
 
     def __init__(self, now: float) -> None:
         self.now = now
         self.decodes: list[Request] = []
         self.prefills: list[tuple[Request, int]] = []    # (request, new tokens this iteration)
-        self.shadow_chunks: list = []                     # ShadowChunk, filled by the controller
+        self.shadow_chunks: list = []                     # shadow.jobs.ShadowChunk
         self.samples: list[Request] = []
         self.waiting_nonempty = False
         self.admission_blocked = False
         self.has_routed = False
         self.num_tokens = 0
         self.preempted: list[Request] = []
-        self.reload_tokens = 0                            # tokens reloaded from the host tier for it
+        self.reload_tokens = 0                            # prefix tokens reloaded from the host tier for it
+        self._shape = None
 
     @property
     def num_seqs(self) -> int:
@@ -64,67 +74,70 @@ class ScheduledBatch:
     def is_decode_only(self) -> bool:
         return bool(self.decodes) and not self.prefills and not self.shadow_chunks
 
-    def prefill_list(self, include_shadow: bool = True) -> list[tuple[int, int]]:
-        """Prefill chunks as (new_tokens, cached_before), shadow chunks last."""
-        out = [(n, r.num_computed_tokens) for r, n in self.prefills]
-        if include_shadow:
-            out.extend((c.num_new, c.start) for c in self.shadow_chunks)
-        return out
+    def view(self, free_shadow_tokens) -> IterationView:
+        """The controller's read-only view of the routed/normal part (shadow chunks not yet added)."""
+        return IterationView(self.now, self.decodes, self.prefills, self.has_routed, self.waiting_nonempty,
+                             self.admission_blocked, self.num_tokens, self.num_seqs, free_shadow_tokens)
 
-    def decode_contexts(self) -> list[int]:
-        """Context length of every decode (tokens attended, the new one included)."""
-        return [c + 1 for c in map(_computed, self.decodes)]
-
-    def features(self, include_shadow: bool = True) -> tuple:
-        """(P, Σ n·(c+n), D, Σ ctx): the predictor's features of this batch."""
-        p = pc = 0
-        for r, n in self.prefills:
-            p += n
-            pc += n * (r.num_computed_tokens + n)
-        if include_shadow:
-            for c in self.shadow_chunks:
-                p += c.num_new
-                pc += c.num_new * (c.start + c.num_new)
-        decodes = self.decodes
-        return (p, pc, len(decodes), len(decodes) + sum(map(_computed, decodes)))
+    def shape(self) -> tuple[list[tuple[int, int]], list[int]]:
+        """(prefill chunks as (new tokens, cached before), shadow chunks last; decode contexts): the latency
+        model's and the predictor's input, fixed once read (call it before postprocess)."""
+        if self._shape is None:
+            prefill = [(n, r.num_computed_tokens) for r, n in self.prefills]
+            prefill.extend((c.num_new, c.start) for c in self.shadow_chunks)
+            self._shape = (prefill, [c + 1 for c in map(_computed, self.decodes)])
+        return self._shape
 
 
 class Scheduler:
-    """Waiting queues (routed, normal), the running set, and the pool calls of admission/growth."""
+    """Waiting queue(s), the running set, the KV calls of admission / growth, and request lifecycles."""
 
-    def __init__(self, config, pool, *, on_admit: Callable[[Request, object], None] | None = None) -> None:
+    def __init__(self, config, kv, stats, *, on_admit: Callable[[Request, object], None] | None = None) -> None:
         self.config = config
-        self.pool = pool
+        self.kv = kv
+        self.stats = stats                            # engine.stats.EngineStats: token counters
         self.block_size = config.block_size
+        self.fcfs = config.admission == "fcfs"
+        self._rank = _rank_fcfs if self.fcfs else _rank_routed_first
+        self.requests: dict[str, Request] = {}       # every unfinished request by id
         self.waiting: dict[Priority, list[Request]] = {Priority.ROUTED: [], Priority.NORMAL: []}
-        self.running: list[Request] = []             # sorted by (priority, arrival)
+        self.running: list[Request] = []             # sorted by self._rank
         self.on_admit = on_admit                      # engine hook: stats of the prefix match
         self.num_preemptions = 0
         self._stamp = 0
 
     # ------------------------------------------------------------------------------------------ queues
+    def _queue(self, r: Request) -> list[Request]:
+        return self.waiting[Priority.ROUTED if self.fcfs else r.priority]
+
     def add(self, request: Request) -> None:
-        """Queue a new or preempted request (kept in arrival order within its class)."""
+        """Take a new request (its id must not be in use)."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already queued or running")
+        self.requests[request.request_id] = request
+        self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> None:
+        """Queue a new or preempted request (in arrival order within its queue)."""
         request.status = RequestStatus.WAITING
-        bisect.insort(self.waiting[request.priority], request, key=lambda r: r.arrival_seq)
+        bisect.insort(self._queue(request), request, key=lambda r: r.arrival_seq)
 
     def num_waiting(self) -> int:
         return sum(len(q) for q in self.waiting.values())
 
     def has_unfinished(self) -> bool:
-        return bool(self.running) or any(self.waiting.values())
-
-    def remove_finished(self) -> None:
-        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return bool(self.requests)
 
     def abort(self, request: Request, now: float) -> None:
         """Drop a request wherever it is; its pages go back to the pool."""
         if request.status is RequestStatus.WAITING:
-            self.waiting[request.priority].remove(request)
+            self._queue(request).remove(request)
         elif request.status is RequestStatus.RUNNING:
             self._free(request, now)
             self.running.remove(request)
         request.status = RequestStatus.FINISHED
+        request.finish_reason = request.finish_reason or "abort"
+        self.requests.pop(request.request_id, None)
 
     # ---------------------------------------------------------------------------------------- schedule
     def schedule(self, now: float) -> ScheduledBatch:
@@ -137,7 +150,7 @@ class Scheduler:
         routed = Priority.ROUTED
         decodes = batch.decodes
 
-        # (1) running decodes, in (priority, arrival) order.
+        # (1) running decodes, in rank order.
         others: list[Request] = []                   # running requests with a prefill chunk to do
         i = num_tokens = 0                           # (batch.num_tokens, kept in a local; _grow may change it)
         while i < len(running) and num_tokens < limit and len(decodes) < max_seqs:
@@ -178,8 +191,8 @@ class Scheduler:
             batch.num_tokens += n
             num_seqs = batch.num_seqs
 
-        # (3) admissions: routed before normal, then by arrival.
-        for prio in (Priority.ROUTED, Priority.NORMAL):
+        # (3) admissions: one FCFS queue, or routed before normal (each by arrival).
+        for prio in ((Priority.ROUTED,) if self.fcfs else (Priority.ROUTED, Priority.NORMAL)):
             queue = self.waiting[prio]
             while (queue and batch.num_tokens < limit and len(self.running) < max_seqs
                    and batch.num_seqs < max_seqs):
@@ -190,14 +203,14 @@ class Scheduler:
                     break
                 queue.pop(0)
                 r.status = RequestStatus.RUNNING
-                bisect.insort(self.running, r, key=_rank)
+                bisect.insort(self.running, r, key=self._rank)
                 batch.prefills.append((r, n))
                 r.sched_stamp = stamp
                 batch.num_tokens += n
             if batch.admission_blocked:
                 break
 
-        batch.waiting_nonempty = bool(self.waiting[Priority.ROUTED] or self.waiting[Priority.NORMAL])
+        batch.waiting_nonempty = any(self.waiting.values())
         if batch.preempted:                      # a preempted decode may have set the flag
             batch.has_routed = any(r.priority is routed for r in decodes)
         samples = batch.samples
@@ -205,30 +218,31 @@ class Scheduler:
         for r, n in batch.prefills:
             if r.priority is routed:
                 batch.has_routed = True
-            if n == r.num_remaining and not r.prefill_only:
+            r.samples_now = n == r.num_remaining and not r.prefill_only
+            if r.samples_now:
                 samples.append(r)
         return batch
 
     # ------------------------------------------------------------------------------------------- memory
     def _admit(self, r: Request, budget: int, now: float, batch: ScheduledBatch) -> int:
         """Match r's prefix, allocate pages for its first chunk; return the chunk size (0 = blocked)."""
-        bs = self.block_size
+        bs, kv = self.block_size, self.kv
         routed = r.priority is Priority.ROUTED
         # Leave at least one token to compute: its logits give the next token.
-        match = self.pool.acquire_prefix(r.all_token_ids, now=now, tenant=r.tenant, shadow=False,
-                                         promote=routed, max_tokens=len(r.all_token_ids) - 1)
+        match = kv.match_prefix(r.all_token_ids, now=now, tenant=r.tenant, promote=routed,
+                                max_tokens=len(r.all_token_ids) - 1)
         cached = match.num_tokens
         n = min(len(r.all_token_ids) - cached, budget)
         need = (cached + n + bs - 1) // bs - len(match.block_ids)
-        new_blocks = self.pool.allocate(need, now=now) if need > 0 else []
-        while new_blocks is None and routed:
+        new_blocks = kv.allocate(need, now=now) if need > 0 else []
+        while new_blocks is None and routed and not self.fcfs:     # routed-first: routed may preempt normal
             victim = self._last_normal_running()
             if victim is None:
                 break
             self._preempt(victim, now, batch)
-            new_blocks = self.pool.allocate(need, now=now)
+            new_blocks = kv.allocate(need, now=now)
         if new_blocks is None:
-            self.pool.release(match.block_ids, now=now)
+            kv.free(match.block_ids, now=now)
             return 0
         r.block_ids = list(match.block_ids) + new_blocks
         r.num_computed_tokens = cached
@@ -251,11 +265,11 @@ class Scheduler:
         """Give running request r `need` more pages, preempting the lowest-ranked running requests
         (possibly r itself) until they fit. False if r was preempted."""
         while True:
-            blocks = self.pool.allocate(need, now=now)
+            blocks = self.kv.allocate(need, now=now)
             if blocks is not None:
                 r.block_ids.extend(blocks)
                 return True
-            victim = self.running[-1]            # lowest (priority, arrival): normal before routed
+            victim = self.running[-1]            # lowest rank: the newest (routed-first: normal first)
             self._preempt(victim, now, batch)
             if victim is r:
                 return False
@@ -276,19 +290,87 @@ class Scheduler:
         victim.num_preemptions += 1
         self.num_preemptions += 1
         batch.preempted.append(victim)
-        self.add(victim)
+        self._enqueue(victim)
 
     def _free(self, r: Request, now: float) -> None:
-        self.commit_full_pages(r, now)
-        self.pool.release(r.block_ids, now=now)
+        self._commit_full_pages(r, now)
+        self.kv.free(r.block_ids, now=now)
         r.block_ids = []
         r.num_committed_blocks = 0
         r.ready_event = None
 
-    def commit_full_pages(self, r: Request, now: float) -> None:
+    def _commit_full_pages(self, r: Request, now: float) -> None:
         """Register r's newly filled pages in the prefix cache."""
         computed = r.num_computed_tokens
         full = computed // self.block_size
         if full > r.num_committed_blocks:   # (commit registers min(pages, computed // bs) pages: no list copies)
-            self.pool.commit(r.block_ids, r.all_token_ids, now=now, tenant=r.tenant, num_tokens=computed)
+            self.kv.commit(r.block_ids, r.all_token_ids, now=now, tenant=r.tenant, num_tokens=computed)
             r.num_committed_blocks = full
+
+    # ------------------------------------------------------------------------------------- postprocess
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int], now: float) -> list[RequestOutput]:
+        """Apply an executed iteration at `now` (its end): append the sampled tokens (decodes first, then
+        sampling prefills: the order of batch.samples), record f_r and k_r (Eq. 1), finish requests,
+        register filled pages. Returns one RequestOutput per user request that got a token or finished."""
+        st = self.stats
+        running = RequestStatus.RUNNING
+        bs = self.block_size
+        eos = self.config.eos_token_id
+        outputs: list[RequestOutput] = []
+        emit = outputs.append
+        finished = False
+        num_decodes = len(batch.decodes)
+        st.decode_tokens += num_decodes
+        for r, n in batch.prefills:
+            if r.status is running:
+                r.num_computed_tokens += n
+                if r.internal:
+                    st.eager_shadow_tokens += n
+                elif r.priority is Priority.ROUTED:
+                    st.prefill_tokens_routed += n
+                else:
+                    st.prefill_tokens_normal += n
+        for i, r in enumerate(batch.samples):
+            if r.status is not running:          # aborted while in flight
+                continue
+            tok = tokens[i]
+            out = r.output_token_ids
+            out.append(tok)
+            r.all_token_ids.append(tok)
+            if i < num_decodes:                  # a decode (it has its first token already)
+                r.num_computed_tokens += 1
+                r.num_decode_iters += 1
+            elif r.first_token_time is None:
+                r.first_token_time = now
+            else:                                # a recomputed prefill (after preemption)
+                r.num_decode_iters += 1
+            num_out = len(out)
+            if num_out >= r.max_tokens or tok == eos:
+                self._finish(r, now, "stop" if tok == eos else "length")
+                finished = True
+                if not r.internal:
+                    emit(RequestOutput(r, num_out, True))
+                continue
+            if r.num_computed_tokens // bs > r.num_committed_blocks:
+                self._commit_full_pages(r, now)
+            if not r.internal:
+                emit(RequestOutput(r, num_out, False))
+        for r, n in batch.prefills:
+            if r.status is running:
+                if r.num_computed_tokens == len(r.all_token_ids):    # prefill-only request done
+                    self._finish(r, now, "prefilled")
+                    finished = True
+                elif r.num_computed_tokens // bs > r.num_committed_blocks:
+                    self._commit_full_pages(r, now)
+        if finished:
+            self.running = [r for r in self.running if r.status is running]
+        return outputs
+
+    def _finish(self, r: Request, now: float, reason: str) -> None:
+        self._free(r, now)
+        r.status = RequestStatus.FINISHED
+        r.finish_time = now
+        r.finish_reason = reason
+        self.requests.pop(r.request_id, None)
+        if not r.internal:
+            self.stats.requests_finished += 1

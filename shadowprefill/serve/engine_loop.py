@@ -169,11 +169,10 @@ class EngineLoop:
         if not self._waiters:
             return
         engine, now = self.engine, time.monotonic()
-        bs, need = engine.config.block_size, max(engine.config.n_min, 1)
+        need = max(engine.config.n_min, 1)
         keep = []
         for w in self._waiters:
-            job = engine.jobs.get(w.session_id)
-            if job is None or job.pending_tokens(bs) < need or now >= w.deadline or w.future.done():
+            if engine.shadow_pending_tokens(w.session_id) < need or now >= w.deadline or w.future.done():
                 _resolve(w.loop, w.future, True)
             else:
                 keep.append(w)
@@ -182,15 +181,6 @@ class EngineLoop:
     def _refresh_snapshot(self) -> None:
         engine = self.engine
         st = engine.stats
-        self.snapshot = {
-            "waiting": sum(len(q) for q in engine.scheduler.waiting.values()),
-            "running": len(engine.scheduler.running),
-            "prompt_tokens": st.prompt_tokens,
-            "cached_prompt_tokens": st.cached_prompt_tokens,
-            "shadow_jobs": len(engine.jobs),
-            "shadow_pending_tokens": engine.jobs.pending_tokens(),
-            "shadow_tokens": st.shadow_tokens,
-            "iterations": st.iterations,
-            "busy_time_s": st.busy_time_s,
-            "free_blocks": engine.pool.num_free_blocks,
-        }
+        self.snapshot = {**engine.load(), "prompt_tokens": st.prompt_tokens,
+                         "cached_prompt_tokens": st.cached_prompt_tokens, "shadow_tokens": st.shadow_tokens,
+                         "iterations": st.iterations, "busy_time_s": st.busy_time_s}

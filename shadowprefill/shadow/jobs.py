@@ -12,7 +12,9 @@ Only whole pages are shadowed: a partial last page could not be registered in th
 switch call prefills that tail itself, as it does the output of the current call (§3.1).
 
 `ShadowJobQueue` holds this engine's jobs in order of predicted switch probability (highest first,
-then oldest), the order in which Algorithm 1 line 15 takes tokens from them.
+then oldest), the order in which Algorithm 1 line 15 takes tokens from them (`take`, spending the
+controller's `ShadowBudget`), and `complete` registers what the chunks computed. Both talk to the instance's
+`kv.KVCacheManager` only through its request-level calls.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ class ShadowJob:
     """The history one session should have cached on this engine, and how much is cached already."""
 
     __slots__ = ("session_id", "token_ids", "num_cached", "switch_prob", "tenant", "seq", "version",
-                 "updated_at", "tokens_computed", "in_flight", "page_hashes")
+                 "updated_at", "tokens_computed", "page_hashes")
 
     def __init__(self, session_id: str, token_ids: list[int], switch_prob: float, tenant: str, seq: int,
                  now: float) -> None:
@@ -74,8 +76,7 @@ class ShadowJob:
         self.version = 0             # bumped when the history is rewritten (not on appends)
         self.updated_at = now
         self.tokens_computed = 0     # shadow tokens this job has prefilled (stats)
-        self.in_flight = 0           # tokens of a chunk currently executing
-        self.page_hashes = None      # kv.PageHashes of token_ids (set by the controller): pages hashed once
+        self.page_hashes = None      # kv.PageHashes of token_ids (set by `take`): pages hashed once
 
     def shadowable_tokens(self, block_size: int) -> int:
         """Tokens in whole pages: the part of the history a shadow can make resident."""
@@ -194,3 +195,101 @@ class ShadowJobQueue:
     def pending_tokens(self) -> int:
         """Whole-page tokens not yet cached, over all jobs."""
         return sum(j.pending_tokens(self.block_size) for j in self._jobs.values())
+
+
+class ShadowChunk:
+    """Shadow work of one iteration: tokens [start, start + num_new) of a job's history, written into
+    shadow-class pages; produces no token. Holds page references only while in flight. `host_tokens`: the
+    cached prefix tokens reloaded from the host tier for it (the forward waits on `ready_event`)."""
+
+    __slots__ = ("job", "token_ids", "start", "num_new", "block_ids", "version", "ready_event", "page_hashes",
+                 "host_tokens")
+
+    def __init__(self, job: ShadowJob, start: int, num_new: int, block_ids: list[int], ready_event=None,
+                 host_tokens: int = 0) -> None:
+        self.job = job
+        self.token_ids = job.token_ids      # the history; [0, start + num_new) is what the chunk computes
+        self.page_hashes = job.page_hashes  # token_ids' kv.PageHashes
+        self.start = start
+        self.num_new = num_new
+        self.block_ids = block_ids
+        self.version = job.version
+        self.ready_event = ready_event
+        self.host_tokens = host_tokens
+
+    @property
+    def new_token_ids(self) -> list[int]:
+        return self.token_ids[self.start:self.start + self.num_new]
+
+    def __repr__(self) -> str:
+        return f"ShadowChunk({self.job.session_id!r}, [{self.start}, {self.start + self.num_new}))"
+
+
+def take(queue: ShadowJobQueue, budget, kv, now: float, *, min_switch_prob: float = 0.0,
+         reload_time=None) -> list[ShadowChunk]:
+    """Algorithm 1 line 15: chunks from `queue`'s jobs by switch probability, each the largest whole-page
+    chunk the `budget` (controller.ShadowBudget) allows at the job's cached context, until it is spent.
+    `kv`: the instance's KVCacheManager (prefix match and shadow-class pages, references held by the
+    chunks until `complete`). `reload_time(tokens)`: seconds to bring a host-tier prefix back (counted in
+    the budget; no reload starts unless the chunk fits beside it)."""
+    if not budget.open or len(queue) == 0:
+        return []
+    bs, smallest = queue.block_size, budget.n_min
+    host_aware = reload_time is not None and kv.has_host_tier
+    chunks: list[ShadowChunk] = []
+    for job in queue.runnable(budget.n_min, min_switch_prob):
+        if budget.room() < smallest:
+            break
+        # upper bound from the job's belief first: no prefix lookup for a job that cannot fit
+        k = min(job.pending_tokens(bs), budget.room(), budget.fits(job.num_cached))            # line 10
+        if k - k % bs < smallest:
+            continue
+        if budget.read_kv_room(bs) < smallest:                                                  # line 11
+            break
+        limit = job.shadowable_tokens(bs)
+        if job.page_hashes is None or job.page_hashes.tokens is not job.token_ids:
+            job.page_hashes = kv.hash_chain(job.token_ids, tenant=job.tenant)
+        if host_aware:
+            dev, host = kv.peek_prefix(job.token_ids, tenant=job.tenant, max_tokens=limit, hashes=job.page_hashes)
+            if host:        # no reload (match) unless the chunk fits beside it
+                k = min(limit - dev - host, budget.room(), budget.fits(dev + host, reload_time(host)))
+                if k - k % bs < smallest:
+                    job.num_cached = dev + host
+                    continue
+        match = kv.match_prefix(job.token_ids, now=now, tenant=job.tenant, shadow=True, max_tokens=limit,
+                                hashes=job.page_hashes)
+        start = job.num_cached = match.num_tokens
+        reload = reload_time(match.host_tokens) if match.host_tokens and reload_time is not None else 0.0
+        k = min(limit - start, budget.room(), budget.fits(start, reload))                      # line 10
+        k -= k % bs                                                                             # whole pages
+        if k < smallest:                                                                        # line 12
+            kv.free(match.block_ids, now=now)
+            continue
+        blocks = kv.allocate(k // bs, now=now, shadow=True)
+        if blocks is None:                                                                      # line 11
+            kv.free(match.block_ids, now=now)
+            break
+        # the job's token list is only appended to (a rewrite replaces it): no O(context) snapshot copy
+        chunks.append(ShadowChunk(job, start, k, list(match.block_ids) + blocks, match.ready_event,
+                                  match.host_tokens))
+        budget.take(k, start, reload)
+        if not budget.open:                                                                     # b is spent
+            break
+    return chunks
+
+
+def complete(queue: ShadowJobQueue, chunks: list[ShadowChunk], kv, now: float) -> int:
+    """After the iteration ran: register the chunks' full pages in the prefix cache (shadow class), drop
+    their references and advance the jobs. Returns the shadow tokens computed."""
+    total = 0
+    for c in chunks:
+        end = c.start + c.num_new
+        hashes = c.page_hashes if c.page_hashes is not None and c.page_hashes.tokens is c.token_ids else None
+        kv.commit(c.block_ids, c.token_ids, now=now, tenant=c.job.tenant, num_tokens=end, hashes=hashes)
+        kv.free(c.block_ids, now=now)
+        job = c.job
+        job.tokens_computed += c.num_new
+        if queue.get(job.session_id) is job and job.version == c.version and end > job.num_cached:
+            job.num_cached = end
+        total += c.num_new
+    return total

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shadowprefill.sim.gpus import GPUS
-from shadowprefill.sim.latency import H100, Calibration, allreduce_s, linear_ops_breakdown_s, norm_ops_s
+from shadowprefill.model.gpus import GPUS
+from shadowprefill.model.latency import H100, Calibration, allreduce_s, linear_ops_breakdown_s, norm_ops_s
 
 LINEAR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_act", "mlp_down_proj")
 NORM_OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "add", "add")   # add: twice per layer

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from shadowprefill.sim.latency import LatencyModel
+from shadowprefill.model.latency import LatencyModel
 from shadowprefill.sim.metrics import NormalRecord
 from shadowprefill.sim.deployment import SimConfig, azure_normal_source
 from shadowprefill.sim.simulator import Simulator

@@ -173,7 +173,7 @@ def cmd_simulate(args) -> int:
 def sweep_point(args_dict: dict, param: str, value) -> dict:
     """Run one sweep point (a plain function so multiprocessing / Ray can ship it)."""
     from shadowprefill.sim.experiment import candidate_models, run_experiment
-    from shadowprefill.sim.latency import LatencyModel
+    from shadowprefill.model.latency import LatencyModel
     ns = argparse.Namespace(**args_dict)
     exp = experiment_from_args(ns, ns.policies)
     target = SWEEPS[param][1]

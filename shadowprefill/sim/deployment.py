@@ -20,7 +20,7 @@ from shadowprefill.engine.clock import VirtualClock
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.executor import SimulatedExecutor
 from shadowprefill.engine.llm_engine import LLMEngine
-from shadowprefill.sim.latency import LatencyModel
+from shadowprefill.model.latency import LatencyModel
 from shadowprefill.sim.policies import DEDICATED_SHADOW_MODE, HOST_TIER_GB_PER_GPU, Policy
 
 

@@ -295,7 +295,7 @@ class Simulator:
             shadow_window += s1 - s0
             st = inst.engine.stats
             shadow_total += st.shadow_tokens + st.eager_shadow_tokens
-            used += inst.engine.pool.stats.shadow_tokens_used
+            used += inst.engine.kv_stats.shadow_tokens_used
         result.energy_j, result.busy_s, result.gpus = energy, busy, gpus
         result.prefill_tokens, result.shadow_tokens_window = prefill, shadow_window
         result.shadow_tokens, result.shadow_tokens_used = shadow_total, min(used, shadow_total)

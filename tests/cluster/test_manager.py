@@ -9,7 +9,7 @@ from shadowprefill.engine.clock import VirtualClock
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.executor import SimulatedExecutor
 from shadowprefill.engine.llm_engine import LLMEngine
-from shadowprefill.sim.latency import LatencyModel
+from shadowprefill.model.latency import LatencyModel
 
 SMALL, LARGE, THIRD = "Qwen2.5-7B", "Llama-3.1-8B", "Mistral-7B"
 _LM: dict = {}

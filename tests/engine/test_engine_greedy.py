@@ -129,13 +129,13 @@ def test_host_tier_reload_matches_reference(tiny_model):
     for i in range(3):
         engine.add_request(f"x{i}", rand_tokens(rng, 150), 3)
         run_to_completion(engine)
-    assert engine.pool.stats.spills > 0
+    assert engine.kv_stats.spills > 0
     second = first + out_a.token_ids + rand_tokens(rng, 11)
     engine.add_request("b", second, 8)
     out_b = run_to_completion(engine)["b"]
     assert out_b.num_host_cached_tokens > 0
     assert out_b.num_cached_tokens >= out_b.num_host_cached_tokens
-    assert engine.pool.stats.reloads > 0
+    assert engine.kv_stats.reloads > 0
     assert_greedy_equal(tiny_model, second, out_b.token_ids)
 
 
@@ -164,7 +164,7 @@ def test_shadow_on_idle_engine_serves_switch_call(tiny_model, mode):
     out = run_to_completion(engine)["switch"]
     assert out.num_cached_tokens == 128
     assert engine.stats.routed_shadow_hit_tokens == 128
-    assert engine.pool.stats.shadow_blocks_promoted == 8
+    assert engine.kv_stats.shadow_blocks_promoted == 8
     cold = LLMEngine(tiny_model, EngineConfig(**cfg))
     cold.add_request("switch", prompt, 6, priority="routed")
     out_cold = run_to_completion(cold)["switch"]
@@ -281,7 +281,7 @@ def test_engine_over_a_ready_model_executor(tiny_model):
     cache = tiny_model.kv_spec(16).allocate(32, "cpu")
     engine = LLMEngine(ModelExecutor(tiny_model, cache), EngineConfig(num_blocks=32, token_budget=32,
                                                                       host_tier_gib=1e-3))
-    assert engine.pool.host_tier is not None and engine.pool.host_tier.num_pages > 0
+    assert engine.kv.host_tier is not None and engine.kv.host_tier.num_pages > 0
     prompt = rand_tokens(random.Random(14), 40)
     engine.add_request("a", prompt, 5)
     out = run_to_completion(engine)["a"]

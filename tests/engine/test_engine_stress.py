@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.executor import SimulatedExecutor
 from shadowprefill.engine.llm_engine import LLMEngine
-from shadowprefill.engine.predictor import SimpleLatencyModel
+from shadowprefill.model.latency import LatencyModel
 
 
 @settings(max_examples=60, deadline=None)
@@ -19,7 +19,7 @@ def test_random_workload_drains_cleanly(seed, mode, num_blocks, token_budget, ho
     rng = random.Random(seed)
     cfg = EngineConfig(num_blocks=num_blocks, token_budget=token_budget, max_seqs=6, shadow_mode=mode,
                        n_min=16, host_tier_gib=1e-4 if host else 0.0, page_bytes=1024)
-    engine = LLMEngine(SimulatedExecutor(SimpleLatencyModel(), token_fn=lambda r: len(r.all_token_ids) % 97), cfg)
+    engine = LLMEngine(SimulatedExecutor(LatencyModel("Llama-3.1-8B"), token_fn=lambda r: len(r.all_token_ids) % 97), cfg)
     histories = {f"s{i}": [rng.randrange(50) for _ in range(rng.randrange(20, 200))] for i in range(3)}
     requests = []
     for step in range(120):
@@ -45,7 +45,7 @@ def test_random_workload_drains_cleanly(seed, mode, num_blocks, token_budget, ho
         assert r.is_finished and len(r.output_token_ids) == r.max_tokens
         assert 0 <= r.num_cached_tokens <= r.num_prompt_tokens - 1
         assert r.num_cached_tokens % 16 == 0
-    st_ = engine.pool.stats
+    st_ = engine.kv_stats
     assert st_.normal_in_use_blocks == 0 and st_.shadow_in_use_blocks == 0   # no page leaks
     assert st_.shadow_in_use_blocks + st_.shadow_cached_blocks <= st_.shadow_cap_blocks
     if mode in ("none", "eager"):

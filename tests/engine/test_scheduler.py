@@ -4,12 +4,12 @@ import pytest
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.executor import SimulatedExecutor
 from shadowprefill.engine.llm_engine import LLMEngine
-from shadowprefill.engine.predictor import SimpleLatencyModel
+from shadowprefill.model.latency import LatencyModel
 from shadowprefill.engine.request import RequestStatus
 
 
 def sim_engine(**cfg):
-    return LLMEngine(SimulatedExecutor(SimpleLatencyModel()), EngineConfig(**cfg))
+    return LLMEngine(SimulatedExecutor(LatencyModel("Llama-3.1-8B")), EngineConfig(**cfg))
 
 
 def toks(n, salt):
@@ -122,26 +122,30 @@ def test_shadow_pages_never_cause_preemption():
         e.add_shadow(f"s{i}", toks(300, 10 + i))
     while e.has_work():
         one_step(e)
-    assert e.pool.stats.shadow_cached_blocks == 16             # the capped shadow class is full
+    assert e.kv_stats.shadow_cached_blocks == 16             # the capped shadow class is full
     reqs = [e.add_request(f"r{i}", toks(200, i), 40, priority="normal") for i in range(4)]   # 4 x 15 pages
     while e.has_work():
         one_step(e)
     assert e.stats.preemptions == 0
-    assert e.pool.stats.shadow_evictions > 0
+    assert e.kv_stats.shadow_evictions > 0
     assert all(len(r.output_token_ids) == 40 for r in reqs)
 
 
-def test_eq1_deadline_bookkeeping():
+def test_eq1_bookkeeping_f_r_and_k_r():
+    """The scheduler keeps what Eq. 1 reads: f_r (time of the first token) and k_r (iterations since)."""
     e = sim_engine(num_blocks=256, token_budget=64, margin=0.2)
     reqs = [e.add_request(f"r{i}", toks(20 + 30 * i, i), 12, tpot_slo=0.03 + 0.01 * i) for i in range(3)]
+    firsts = {}
     for _ in range(8):
-        one_step(e)
+        it = e.schedule_step()
+        e.clock.advance(it.duration)
+        for out in e.complete_step(it):
+            if out.num_output_tokens == 1:
+                firsts[out.request_id] = e.clock.now()
         for r in reqs:
             if r.first_token_time is not None and not r.is_finished:
-                k = len(r.output_token_ids) - 1
-                assert r.num_decode_iters == k
-                assert r.tpot_deadline == pytest.approx(r.first_token_time + 0.8 * r.tpot_slo * (k + 1))
-            assert r.ttft_deadline == pytest.approx(r.arrival_time + 0.8 * r.ttft_slo)
+                assert r.first_token_time == firsts[r.request_id]
+                assert r.num_decode_iters == len(r.output_token_ids) - 1
 
 
 def test_abort_releases_pages():
@@ -152,7 +156,7 @@ def test_abort_releases_pages():
     e.abort_request("a")
     e.abort_request("b")
     assert not e.has_work()
-    assert e.pool.stats.normal_in_use_blocks == 0
+    assert e.kv_stats.normal_in_use_blocks == 0
     with pytest.raises(KeyError):
         e.abort_request("a")
 
@@ -177,7 +181,7 @@ def test_add_request_validation():
     with pytest.raises(ValueError, match="already"):
         e.add_request("x", [1], 1)
     with pytest.raises(TypeError, match="config"):
-        LLMEngine(SimulatedExecutor(SimpleLatencyModel()), {"num_blocks": 8})
+        LLMEngine(SimulatedExecutor(LatencyModel("Llama-3.1-8B")), {"num_blocks": 8})
     with pytest.raises(TypeError, match="model_or_executor"):
         LLMEngine(object(), EngineConfig(num_blocks=8))
 
@@ -191,6 +195,9 @@ def test_config_validation():
         EngineConfig(num_blocks=8, beta="half")
     with pytest.raises(ValueError, match="margin"):
         EngineConfig(num_blocks=8, margin=1.0)
-    assert EngineConfig(num_blocks=8, shadow_mode="harvest").effective_delta == 0.1
-    assert EngineConfig(num_blocks=8, shadow_mode="harvest-slo").effective_delta == 0.025
-    assert EngineConfig(num_blocks=8, shadow_mode="harvest", delta=0.3).effective_delta == 0.3
+    with pytest.raises(ValueError, match="admission"):
+        EngineConfig(num_blocks=8, admission="lifo")
+    assert EngineConfig(num_blocks=8).shadow_mode == "harvest-slo"
+    assert sim_engine(num_blocks=8, shadow_mode="harvest").controller.delta == 0.1
+    assert sim_engine(num_blocks=8, shadow_mode="harvest-slo").controller.delta == 0.025
+    assert sim_engine(num_blocks=8, shadow_mode="harvest", delta=0.3).controller.delta == 0.3

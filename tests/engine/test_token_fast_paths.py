@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shadowprefill.engine.executor import SimulatedExecutor
-from shadowprefill.engine.predictor import SimpleLatencyModel
+from shadowprefill.model.latency import LatencyModel
 from shadowprefill.engine.scheduler import ScheduledBatch
 from shadowprefill.shadow.jobs import check_token_ids
 
@@ -66,7 +66,7 @@ def test_simulated_executor_returns_plain_ints(kind):
     reqs = [_Req(i) for i in range(len(values))]
     batch = ScheduledBatch(0.0)
     batch.samples.extend(reqs)
-    ex = SimulatedExecutor(SimpleLatencyModel(), token_fn=lambda r: make(values[r.i]))
+    ex = SimulatedExecutor(LatencyModel("Llama-3.1-8B"), token_fn=lambda r: make(values[r.i]))
     tokens = ex.execute(batch).tokens
     expect = [int(make(v)) for v in values]                     # independent: convert each one
     assert tokens == expect

@@ -1,17 +1,20 @@
 """The controller's budget against a hand computation of Algorithm 1 and Eq. 1 on constructed batches:
 every branch (waiting queue / blocked admission, idle, routed credit, SLO slack of decodes and of
-prefilling requests), the KV cap (line 11), n_min (line 12), job order (line 15), credit accrual."""
+prefilling requests), the KV cap (line 11), n_min (line 12), job order (line 15), credit accrual.
+
+The controller reads only an `IterationView`; `Harness` builds one from a scheduler batch and spends the
+budget with `shadow.jobs.take`, as the engine does."""
 import math
 
 import pytest
 
 from shadowprefill.engine.config import EngineConfig
-from shadowprefill.engine.predictor import IterationPredictor
 from shadowprefill.engine.request import Priority, Request
 from shadowprefill.engine.scheduler import ScheduledBatch
-from shadowprefill.kv.block_pool import BlockPool
-from shadowprefill.shadow.controller import ShadowController
-from shadowprefill.shadow.jobs import ShadowJobQueue
+from shadowprefill.kv.manager import KVCacheManager
+from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
+from shadowprefill.shadow.jobs import ShadowJobQueue, complete, take
+from shadowprefill.shadow.predictor import IterationPredictor
 
 BS = 16
 W = (2e-3, 2e-5, 1e-9, 1e-4, 1e-8)       # true iteration-time coefficients of the fake latency model
@@ -32,26 +35,73 @@ def t_hat(prefill, decode_contexts):
     return LinearLatency().iteration_time(prefill, decode_contexts)
 
 
+class Harness:
+    """The controller with a job queue and a KV cache manager, driven the way the engine drives them."""
+
+    def __init__(self, ctl, kv, jobs, min_switch_prob=0.0, reload_time=None):
+        self.ctl, self.kv, self.jobs = ctl, kv, jobs
+        self.min_switch_prob, self.reload_time = min_switch_prob, reload_time
+        self.last_reload_tokens = 0
+
+    def __getattr__(self, name):          # credit, delta, cap, branch_counts, tpot_slo ...
+        return getattr(self.ctl, name)
+
+    def __setattr__(self, name, value):
+        if name == "credit":
+            self.ctl.credit = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def view(self, b):
+        def free(limit):
+            return self.kv.free_blocks(now=b.now, shadow=True, limit=limit // BS) * BS
+        return b.view(free)
+
+    def budget(self, b, now):
+        assert now == b.now
+        return self.ctl.budget_seconds(self.view(b))
+
+    def min_slack(self, b, now):
+        return self.ctl.min_slack(self.view(b))
+
+    def plan(self, b, now):
+        chunks = take(self.jobs, self.ctl.plan(self.view(b)), self.kv, now, min_switch_prob=self.min_switch_prob,
+                      reload_time=self.reload_time)
+        b.reload_tokens += sum(c.host_tokens for c in chunks)
+        return chunks
+
+    def complete(self, chunks, now):
+        return complete(self.jobs, chunks, self.kv, now)
+
+    def free_shadow_blocks(self, now):
+        return self.kv.free_blocks(now=now, shadow=True)
+
+    def on_iteration_end(self, b, duration):
+        self.ctl.end_iteration(duration, busy=b.has_requests, decode_only=b.is_decode_only)
+
+
+def controller(mode="harvest-slo", n_min=64, token_budget=2048, idle_cap_s=None, max_seqs=256, latency=None):
+    return ShadowController(mode, IterationPredictor(latency or LinearLatency()), tpot_slo=T, token_budget=token_budget,
+                            max_seqs=max_seqs, margin=M, n_min=n_min, idle_cap_s=idle_cap_s)
+
+
 def make(mode="harvest-slo", num_blocks=1024, n_min=64, token_budget=2048, idle_cap_s=None, shadow_fraction=0.25,
-         max_seqs=256):
-    cfg = EngineConfig(num_blocks=num_blocks, block_size=BS, token_budget=token_budget, shadow_mode=mode,
-                       n_min=n_min, margin=M, tpot_slo_s=T, idle_cap_s=idle_cap_s, shadow_fraction=shadow_fraction,
-                       max_seqs=max_seqs)
-    pool = BlockPool(num_blocks, BS, shadow_fraction=shadow_fraction)
+         max_seqs=256, min_switch_prob=0.0):
+    kv = KVCacheManager(num_blocks, BS, shadow_fraction=shadow_fraction)
     jobs = ShadowJobQueue(BS)
-    ctl = ShadowController(cfg, IterationPredictor(LinearLatency()), jobs, pool)
-    return ctl, pool, jobs
+    ctl = controller(mode, n_min, token_budget, idle_cap_s, max_seqs)
+    return Harness(ctl, kv, jobs, min_switch_prob), kv, jobs
 
 
 def tokens(n, salt=0):
     return [(7 * i + 13 * salt + 1) % 500 for i in range(n)]
 
 
-def precache(pool, toks, now=0.0):
+def precache(kv, toks, now=0.0):
     """Put toks' whole pages into the prefix cache (as a finished request would)."""
-    blocks = pool.allocate(len(toks) // BS, now=now)
-    pool.commit(blocks, toks, now=now)
-    pool.release(blocks, now=now)
+    blocks = kv.allocate(len(toks) // BS, now=now)
+    kv.commit(blocks, toks, now=now)
+    kv.free(blocks, now=now)
 
 
 def decoding(rid, ctx, f, k, tpot, prio=Priority.NORMAL):
@@ -60,14 +110,12 @@ def decoding(rid, ctx, f, k, tpot, prio=Priority.NORMAL):
     r.output_token_ids.append(2)
     r.num_computed_tokens = ctx
     r.first_token_time, r.num_decode_iters = f, k
-    r.tpot_deadline = f + (1 - M) * tpot * (k + 1)      # Eq. 1 bookkeeping (checked in the engine tests)
     return r
 
 
 def prefilling(rid, prompt_len, computed, arrival, ttft, prio=Priority.NORMAL):
     r = Request(rid, [1] * prompt_len, 100, prio, arrival_time=arrival, arrival_seq=0, ttft_slo=ttft)
     r.num_computed_tokens = computed
-    r.ttft_deadline = arrival + (1 - M) * ttft
     return r
 
 
@@ -127,7 +175,7 @@ def test_idle_budget_is_beta_T(cached):
     assert planned(chunks) == want
     assert len(chunks) == 1 and chunks[0].start == cached
     assert W[0] + W[1] * want + W[2] * want * (cached + want) <= 0.5 * T
-    assert all(pool.is_shadow(x) for x in chunks[0].block_ids[cached // BS:])
+    assert pool.num_shadow_blocks == len(chunks[0].block_ids[cached // BS:])
 
 
 def test_idle_cap_override():
@@ -261,8 +309,7 @@ def test_jobs_taken_by_switch_probability():
 
 
 def test_predictive_gate():
-    ctl, pool, jobs = make(n_min=16)
-    ctl.config.shadow_min_switch_prob = 0.25
+    ctl, pool, jobs = make(n_min=16, min_switch_prob=0.25)
     jobs.upsert("low", tokens(512), now=0.0, switch_prob=0.2)
     assert ctl.plan(batch_of(1.0), 1.0) == []
 
@@ -306,14 +353,23 @@ def test_mode_none_and_eager_never_budget():
 
 
 def test_default_slos_follow_paper_rule():
-    cfg = EngineConfig(num_blocks=8, token_budget=2048)
-    ctl = ShadowController(cfg, IterationPredictor(LinearLatency()), ShadowJobQueue(BS), BlockPool(8, BS))
+    pred = IterationPredictor(LinearLatency())
     decode_1 = W[0] + W[3] + W[4] * 1024
-    assert ctl.tpot_slo == pytest.approx(max(0.025, 5 * decode_1))
+    assert default_tpot_slo(pred) == pytest.approx(max(0.025, 5 * decode_1))
     isolated = sum(W[0] + W[1] * n + W[2] * n * (c + n) for n, c in [(2048, 0), (2048, 2048), (904, 4096)])
-    assert ctl.default_ttft_slo(5000) == pytest.approx(max(1.0, 5 * isolated))
-    assert ctl.default_ttft_slo(10) == 1.0
-    assert math.isclose(ctl.cap, 0.5 * ctl.tpot_slo)
+    assert default_ttft_slo(pred, 5000, 2048) == pytest.approx(max(1.0, 5 * isolated))
+    assert default_ttft_slo(pred, 10, 2048) == 1.0
+    ctl = ShadowController("harvest-slo", pred, tpot_slo=0.04)
+    assert math.isclose(ctl.cap, 0.5 * 0.04)
+
+
+def test_engine_takes_default_slos_from_the_rule():
+    from shadowprefill.engine import LLMEngine, SimulatedExecutor
+
+    e = LLMEngine(SimulatedExecutor(LinearLatency()), EngineConfig(num_blocks=512, block_size=BS))
+    assert e.tpot_slo == pytest.approx(default_tpot_slo(e.predictor))
+    r = e.add_request("r", [1] * 5000, 4)
+    assert r.ttft_slo == pytest.approx(default_ttft_slo(e.predictor, 5000, 2048))
 
 
 # ------------------------------------------------------------------------ host reloads count in t̂
@@ -330,12 +386,11 @@ class ReloadingLatency(LinearLatency):
 def make_with_host(seconds_per_token, num_blocks=1024):
     from shadowprefill.kv.host_tier import HostTier
 
-    cfg = EngineConfig(num_blocks=num_blocks, block_size=BS, shadow_mode="harvest-slo", n_min=64, margin=M,
-                       tpot_slo_s=T)
-    pool = BlockPool(num_blocks, BS, host_tier=HostTier(num_pages=4096, page_bytes=1024), page_bytes=1024)
+    kv = KVCacheManager(num_blocks, BS, host_tier=HostTier(num_pages=4096, page_bytes=1024), page_bytes=1024)
     jobs = ShadowJobQueue(BS)
-    ctl = ShadowController(cfg, IterationPredictor(ReloadingLatency(seconds_per_token)), jobs, pool)
-    return ctl, pool, jobs
+    latency = ReloadingLatency(seconds_per_token)
+    ctl = controller(latency=latency)
+    return Harness(ctl, kv, jobs, reload_time=latency.reload_time), kv, jobs
 
 
 def spill_to_host(pool, toks):
@@ -343,7 +398,7 @@ def spill_to_host(pool, toks):
     precache(pool, toks)
     everything = pool.allocate(pool.num_blocks, now=0.5)
     assert everything is not None
-    pool.release(everything, now=0.5)
+    pool.free(everything, now=0.5)
     assert pool.peek_prefix(toks) == (0, len(toks))
 
 

@@ -64,9 +64,9 @@ def test_each_policy_configures_the_cluster(name):
         ecfg = inst.engine.config
         expected_mode = "harvest-slo" if inst.role == "dedicated" else ("none" if dedicated else mode)
         assert ecfg.shadow_mode == expected_mode
-        assert (inst.engine.pool.host_tier is not None) == host
+        assert (inst.engine.kv.host_tier is not None) == host
         if host:       # 32 GB of DRAM per GPU
-            assert inst.engine.pool.host_tier.num_pages * ecfg.page_bytes == pytest.approx(32e9 * inst.gpus,
+            assert inst.engine.kv.host_tier.num_pages * ecfg.page_bytes == pytest.approx(32e9 * inst.gpus,
                                                                                           rel=1e-3)
         assert ecfg.shadow_min_switch_prob == gate
     assert sim.manager.oracle == oracle

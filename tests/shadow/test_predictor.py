@@ -4,7 +4,8 @@ import random
 import numpy as np
 import pytest
 
-from shadowprefill.engine.predictor import IterationPredictor, SimpleLatencyModel, batch_features
+from shadowprefill.model.latency import LatencyModel
+from shadowprefill.shadow.predictor import IterationPredictor, batch_features
 
 
 class Linear:
@@ -36,7 +37,7 @@ def test_seed_fit_recovers_linear_latency_model():
 
 
 def test_seed_from_roofline_is_sane():
-    lm = SimpleLatencyModel()
+    lm = LatencyModel("Llama-3.1-8B")
     pred = IterationPredictor(lm)
     rng = random.Random(1)
     errors = []
@@ -104,4 +105,6 @@ def test_validation():
     with pytest.raises(TypeError, match="latency_model"):
         IterationPredictor(object())
     with pytest.raises(ValueError, match="forgetting"):
-        IterationPredictor(None, forgetting=2.0)
+        IterationPredictor(Linear((1e-3, 1e-5, 1e-9, 1e-4, 1e-8)), forgetting=2.0)
+    with pytest.raises(TypeError, match="latency_model"):
+        IterationPredictor(None)

@@ -11,8 +11,8 @@ import pytest
 
 from shadowprefill.model.catalog import get_model
 from shadowprefill.sim import calibrate
-from shadowprefill.sim.gpus import GPUS, get_gpu
-from shadowprefill.sim.latency import H100, LatencyModel, linear_ops_ms
+from shadowprefill.model.gpus import GPUS, get_gpu
+from shadowprefill.model.latency import H100, LatencyModel, linear_ops_ms
 
 VIDUR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vidur-h100"
 needs_vidur = pytest.mark.skipif(not VIDUR.is_dir(), reason=f"Vidur H100 profiles not found at {VIDUR}")

@@ -11,7 +11,9 @@ times by recursive least squares with forgetting, in relative error so short dec
 as much as long prefills. Predictions use non-negative coefficients, which keeps t̂ monotone in the
 number of shadow tokens, so "the largest n with t̂(B + n) <= b" is a closed-form root.
 
-`SimpleLatencyModel` is the default seed when no latency model is given: a roofline of one GPU.
+The seed is any object with `iteration_time(prefill, decode_contexts)`: the project's roofline
+(`model.latency.LatencyModel`), or the measured step times of another engine. The predictor is engine-free
+(the vLLM plugin times vLLM's steps with it).
 """
 from __future__ import annotations
 
@@ -28,44 +30,6 @@ _SCALE_LIST = _SCALE.tolist()
 class LatencyModel(Protocol):
     def iteration_time(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
         """Seconds of one iteration: prefill chunks as (new_tokens, cached_before), decodes as contexts."""
-
-
-class SimpleLatencyModel:
-    """A roofline of one iteration on one accelerator (default seed of the predictor).
-
-    Linear layers: max(2·params FLOPs per token / peak, weight bytes / bandwidth). Attention: prefill
-    compute 4·layers·hidden·n·(c + n/2) FLOPs; decode reads each sequence's KV. Defaults describe an
-    8B-parameter model on an H100-class GPU (989 TFLOP/s bf16 dense at 60% efficiency, 3.35 TB/s HBM at
-    80%, vendor data sheet); they only seed the online fit.
-    """
-
-    def __init__(self, num_params: float = 8.0e9, hidden_size: int = 4096, num_layers: int = 32,
-                 kv_bytes_per_token: float = 131072.0, dtype_bytes: int = 2,
-                 peak_flops: float = 0.6 * 989e12, mem_bandwidth: float = 0.8 * 3.35e12,
-                 overhead_s: float = 1.0e-3) -> None:
-        self.num_params = float(num_params)
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.kv_bytes_per_token = float(kv_bytes_per_token)
-        self.weight_bytes = self.num_params * dtype_bytes
-        self.peak_flops = peak_flops
-        self.mem_bandwidth = mem_bandwidth
-        self.overhead_s = overhead_s
-
-    @classmethod
-    def for_model_config(cls, config) -> "SimpleLatencyModel":
-        """Seed roofline for a `ModelConfig` (num_params, hidden_size, num_layers, kv bytes)."""
-        return cls(num_params=config.num_params, hidden_size=config.hidden_size, num_layers=config.num_layers,
-                   kv_bytes_per_token=config.kv_bytes_per_token())
-
-    def iteration_time(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
-        tokens = sum(n for n, _ in prefill) + len(decode_contexts)
-        if tokens == 0:
-            return 0.0
-        linear = max(2.0 * self.num_params * tokens / self.peak_flops, self.weight_bytes / self.mem_bandwidth)
-        attn_flops = sum(4.0 * self.num_layers * self.hidden_size * n * (c + n / 2.0) for n, c in prefill)
-        kv_read = self.kv_bytes_per_token * (sum(decode_contexts) + sum(c for _, c in prefill))
-        return self.overhead_s + linear + attn_flops / self.peak_flops + kv_read / self.mem_bandwidth
 
 
 def batch_features(prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> tuple:
@@ -95,11 +59,11 @@ def _seed_batches(max_context: int) -> list[tuple[list, list]]:
 class IterationPredictor:
     """t̂: linear iteration-time model, seeded from a latency model, refitted online (RLS)."""
 
-    def __init__(self, latency_model: LatencyModel | None = None, *, forgetting: float = 0.995,
-                 max_context: int = 32768) -> None:
-        if latency_model is not None and not callable(getattr(latency_model, "iteration_time", None)):
-            raise TypeError("latency_model must have an iteration_time(prefill, decode_contexts) method")
-        self.latency_model = latency_model if latency_model is not None else SimpleLatencyModel()
+    def __init__(self, latency_model: LatencyModel, *, forgetting: float = 0.995, max_context: int = 32768) -> None:
+        if not callable(getattr(latency_model, "iteration_time", None)):
+            raise TypeError("latency_model must have an iteration_time(prefill, decode_contexts) method, got "
+                            f"{type(latency_model).__name__}")
+        self.latency_model = latency_model
         if not 0.5 <= forgetting <= 1.0:
             raise ValueError(f"forgetting must be in [0.5, 1], got {forgetting}")
         self.forgetting = forgetting

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shadowprefill.sim.gpus import GPUSpec, get_gpu
+from shadowprefill.model.gpus import GPUSpec, get_gpu
 
 DTYPE_BYTES = 2  # bf16 activations, KV and (dense) weights
 
