@@ -48,7 +48,8 @@ CALIBRATION_SEED = 0   # capacity is a property of the deployment, not of an exp
 
 def _cache_key(model: str, config: SimConfig, lengths: str, duration_s: float, target: float) -> str:
     parts = dict(model=model, gpu=config.gpu, tp=config.tp.get(model), hbm=config.hbm_fraction,
-                 block=config.block_size, budget=config.token_budget, seqs=config.max_seqs, lengths=lengths,
+                 block=config.engine.block_size, budget=config.engine.token_budget, seqs=config.engine.max_seqs,
+                 lengths=lengths,
                  duration=duration_s, seed=CALIBRATION_SEED, target=target, v=1)
     return json.dumps(parts, sort_keys=True)
 
@@ -60,8 +61,7 @@ def attainment(model: str, rate: float, base: SimConfig, *, lengths: str = "conv
         raise ValueError(f"rate must be > 0, got {rate}")
     cfg = SimConfig(models=(model,), instances=1, normal_rate={model: float(rate)}, duration_s=duration_s,
                     warmup_s=warmup_s, max_drain_s=max(60.0, duration_s), seed=seed, gpu=base.gpu,
-                    tp=dict(base.tp), hbm_fraction=base.hbm_fraction, block_size=base.block_size,
-                    token_budget=base.token_budget, max_seqs=base.max_seqs)
+                    tp=dict(base.tp), hbm_fraction=base.hbm_fraction, engine=base.engine)
     sim = Simulator(cfg, "no-shadow", [], normal_source=azure_normal_source(lengths))
     run = sim.run()
     records: list[NormalRecord] = run.normal
@@ -73,7 +73,7 @@ def initial_guess(model: str, base: SimConfig) -> float:
     """Where the search starts: a quarter of the rate at which back-to-back isolated prefills of a mean
     Azure conversation prompt (about 1.1K tokens) would saturate the instance."""
     lm = LatencyModel(model, base.gpu, tp=base.tp.get(model))
-    return 0.25 / lm.prefill_time(1100, chunk=base.token_budget)
+    return 0.25 / lm.prefill_time(1100, chunk=base.engine.token_budget)
 
 
 def calibrate_capacity(model: str, base: SimConfig, *, lengths: str = "conv", target: float = TARGET_ATTAINMENT,

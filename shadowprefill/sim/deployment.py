@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 from shadowprefill.cluster.manager import Instance
@@ -30,8 +30,10 @@ class SimConfig:
 
     `models`: the router's candidates (a pair or N > 2). `normal_rate`: normal requests/s per instance of
     each model (ρ × capacity, see `capacity.py`); 0 disables normal traffic. `tp`: per-model TP degree
-    override (default: the paper's rule). `kv_fraction`: share of the HBM left for weights + KV used for
-    KV. Controller parameters are passed to every engine's `EngineConfig`.
+    override (default: the paper's rule). `hbm_fraction`: share of the HBM used for weights + KV.
+    `engine`: the engine and controller parameters every instance starts from (the engine's own defaults,
+    the paper's values); `build_instance` fills in what depends on the model, the policy and the role
+    (pool size, page bytes, shadow mode, host tier, idle cap, Predictive gate, model id).
     """
 
     models: tuple[str, ...]
@@ -44,16 +46,7 @@ class SimConfig:
     gpu: str = "h100"
     tp: dict = field(default_factory=dict)
     hbm_fraction: float = 0.9
-    # engine and controller parameters: the engine's own defaults (one place for the paper's values)
-    block_size: int = EngineConfig.block_size
-    token_budget: int = EngineConfig.token_budget
-    max_seqs: int = EngineConfig.max_seqs
-    beta: float = EngineConfig.beta
-    delta: float | None = EngineConfig.delta
-    margin: float = EngineConfig.margin
-    n_min: int = EngineConfig.n_min
-    shadow_fraction: float = EngineConfig.shadow_fraction
-    cold_age_s: float = EngineConfig.cold_age_s
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_blocks=1))
     host_gb_per_gpu: float = HOST_TIER_GB_PER_GPU
     pcie_bw: float | None = None
     shadow_targets: str = "all"
@@ -77,6 +70,17 @@ class SimConfig:
         if self.pd_prefill is not None and not (isinstance(self.pd_prefill, int) and
                                                 1 <= self.pd_prefill < self.instances):
             raise ValueError(f"pd_prefill must be an int in [1, instances), got {self.pd_prefill!r}")
+        if not isinstance(self.engine, EngineConfig):
+            raise TypeError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
+
+    @classmethod
+    def make(cls, **kwargs) -> "SimConfig":
+        """A SimConfig from flat keyword arguments: EngineConfig field names (beta, n_min, token_budget, ...)
+        go into `engine` (a sweep varies them by name), the rest are SimConfig fields."""
+        engine_fields = {f for f in EngineConfig.__dataclass_fields__} - {"num_blocks"}
+        engine = {k: kwargs.pop(k) for k in list(kwargs) if k in engine_fields}
+        base = kwargs.pop("engine", None) or EngineConfig(num_blocks=1)
+        return cls(engine=replace(base, **engine), **kwargs)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -150,7 +154,7 @@ def build_instance(model: str, index: int, config: SimConfig, policy: Policy, cl
     if lm is None:
         lm = cache[model] = LatencyModel(model, config.gpu, tp=config.tp.get(model))
     sim_lm = SimLatency(lm, config.pcie_bw)
-    bs = config.block_size
+    bs = config.engine.block_size
     num_blocks = max(1, lm.max_kv_tokens(config.hbm_fraction) // bs)
     page_bytes = int(round(lm.kv_bytes_per_token * bs))
     host_gib = config.host_gb_per_gpu * lm.tp * 1e9 / 2 ** 30 if policy.host_tier else 0.0
@@ -162,11 +166,9 @@ def build_instance(model: str, index: int, config: SimConfig, policy: Policy, cl
         mode = "none"
     elif role == "prefill":
         idle_cap = PD_SHADOW_ITERATION_S
-    ecfg = EngineConfig(num_blocks=num_blocks, block_size=bs, token_budget=config.token_budget,
-                        max_seqs=config.max_seqs, shadow_mode=mode, beta=config.beta, delta=config.delta,
-                        margin=config.margin, n_min=config.n_min, shadow_fraction=config.shadow_fraction,
-                        cold_age_s=config.cold_age_s, host_tier_gib=host_gib, page_bytes=page_bytes,
-                        idle_cap_s=idle_cap, shadow_min_switch_prob=policy.min_switch_prob, model_id=model)
+    ecfg = replace(config.engine, num_blocks=num_blocks, shadow_mode=mode, host_tier_gib=host_gib,
+                   page_bytes=page_bytes, idle_cap_s=idle_cap, shadow_min_switch_prob=policy.min_switch_prob,
+                   model_id=model)
     engine = LLMEngine(SimulatedExecutor(sim_lm, token_fn), ecfg, clock=clock, latency_model=lm)
     name = f"{model}/{ {'dedicated': 'x', 'prefill': 'p', 'decode': 'd'}.get(role, '')}{index}"
     return Instance(name, model, index, engine, sim_lm, role=role, gpus=lm.tp)

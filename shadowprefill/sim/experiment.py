@@ -145,8 +145,8 @@ def build_sessions(exp: Experiment) -> list[Session]:
 
 
 def sim_config(exp: Experiment, normal_rate: dict | None = None) -> SimConfig:
-    return SimConfig(models=exp.models, instances=exp.instances, normal_rate=dict(normal_rate or {}),
-                     duration_s=exp.duration_s, warmup_s=exp.warmup_s, seed=exp.seed, **exp.sim)
+    return SimConfig.make(models=exp.models, instances=exp.instances, normal_rate=dict(normal_rate or {}),
+                          duration_s=exp.duration_s, warmup_s=exp.warmup_s, seed=exp.seed, **exp.sim)
 
 
 def run_policy(exp: Experiment, policy: str, sessions: Sequence[Session], normal_rate: dict,
