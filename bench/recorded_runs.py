@@ -32,6 +32,12 @@ def _case(name, workload, policies, duration=60.0, warmup=20.0, **kw) -> dict:
 
 
 CASES = {
+    "test": [   # tests/sim/test_recorded_runs.py
+        _case("fusionbench-test", "fusionbench", ("no-shadow", "harvest-slo+host", "eager", "oracle+host"),
+              duration=15.0, warmup=5.0, session_rate=0.3, sim={"max_drain_s": 15.0}),
+        _case("ghcp-test", "ghcp-coding", ("harvest", "dedicated"), duration=10.0, warmup=5.0, session_rate=0.6,
+              sim={"max_drain_s": 10.0}),
+    ],
     "small": [
         _case("fusionbench-all", "fusionbench", ALL_POLICIES, duration=30.0, warmup=10.0, session_rate=0.3),
         _case("ghcp-host", "ghcp-coding", ("no-shadow", "harvest-slo+host", "oracle+host"), duration=30.0,

@@ -185,10 +185,12 @@ class ClusterManager:
 
     # ------------------------------------------------------------------------------------------ calls
     def submit_call(self, session_id: str, call_index: int, model: str, prompt_token_ids, max_tokens: int, *,
-                    task: str = "", tenant: str = "", kept_prefix: int | None = None) -> CallTicket:
+                    task: str = "", tenant: str = "", kept_prefix: int | None = None,
+                    output_token_ids=None) -> CallTicket:
         """Route call `call_index` of a session to `model` (the router's choice): place it, submit it as a
         routed request, and create/extend the session's shadow jobs on the other models (§3.1).
-        `kept_prefix`: leading prompt tokens that are session history (what Oracle makes cached)."""
+        `kept_prefix`: leading prompt tokens that are session history (what Oracle makes cached).
+        `output_token_ids`: the call's recorded output, replayed by the engine (simulation)."""
         if model not in self.instances:
             raise ValueError(f"model {model!r} is not deployed; deployed: {self.models}")
         prompt = prompt_token_ids if isinstance(prompt_token_ids, list) else list(prompt_token_ids)
@@ -216,7 +218,7 @@ class ClusterManager:
                 other.engine.cancel_shadow(session_id)
                 state.shadow_on.discard(other)
         request = inst.engine.add_request(request_id, prompt, max_tokens, priority="routed", session_id=session_id,
-                                          tenant=state.tenant)
+                                          tenant=state.tenant, output_token_ids=output_token_ids)
         ticket = CallTicket(request_id, session_id, call_index, model, inst, is_switch, len(prompt), request,
                             oracle_warmed_tokens=warmed)
         self.tickets[request_id] = ticket

@@ -80,7 +80,6 @@ class PDClusterManager(ClusterManager):
         self._normal_first: dict[str, tuple] = {}     # normal request id on D -> (original id, first token)
         self._push_wanted: dict[int, dict] = {}       # id(D) -> {session id: (P instance, tenant)}
         self._job_progress: dict[tuple, int] = {}     # (id(P), session) -> job.num_cached last offered
-        self.token_source: dict | None = None        # the driver's recorded-output table (request id -> ids)
         self.shadow_pushed_tokens = 0
         self.shadow_push_lost = 0                     # pushes abandoned because D evicted earlier pushes
         self._pushed_upto: dict[tuple, int] = {}      # (id(D), session) -> shadow prefix pushed so far
@@ -117,10 +116,11 @@ class PDClusterManager(ClusterManager):
 
     # ---------------------------------------------------------------------------------------------- calls
     def submit_call(self, session_id: str, call_index: int, model: str, prompt_token_ids, max_tokens: int, *,
-                    task: str = "", tenant: str = "", kept_prefix: int | None = None) -> CallTicket:
+                    task: str = "", tenant: str = "", kept_prefix: int | None = None,
+                    output_token_ids=None) -> CallTicket:
         """Prefill on the sticky/least-loaded P instance (first token there), then decode on the sticky D."""
         ticket = super().submit_call(session_id, call_index, model, prompt_token_ids, 1, task=task,
-                                     tenant=tenant, kept_prefix=kept_prefix)
+                                     tenant=tenant, kept_prefix=kept_prefix, output_token_ids=output_token_ids)
         self._totals[ticket.request_id] = max_tokens   # the whole call's; the P request samples one token
         ticket.output_tokens = max_tokens
         if self.oracle and ticket.is_switch and kept_prefix:
@@ -182,20 +182,21 @@ class PDClusterManager(ClusterManager):
         session = ticket.session_id if ticket is not None else None
         d = self._decode_for(session, p_inst.model)
         d_rid = rid + "@d"
+        replay = None
         if ticket is not None:
             del self.tickets[rid]
             self.tickets[d_rid] = ticket
             self._pushed_upto.pop((id(d), session), None)   # the session's own context on D from now on
             ticket.instance = d
-            if self.token_source is not None and rid in self.token_source:
-                self.token_source[d_rid] = self.token_source[rid][1:]
+            replay = ticket.request.replay_token_ids
+            replay = None if replay is None else replay[1:]    # the D request replays the rest of the output
         else:
             self._normal_first[d_rid] = (rid, first_token)
         tokens = list(tokens)
 
         def start() -> None:
             d.engine.add_request(d_rid, tokens, total - 1, priority="routed" if ticket else "normal",
-                                 session_id=session, tenant=tenant)
+                                 session_id=session, tenant=tenant, output_token_ids=replay)
             if self.on_work is not None:
                 self.on_work(d)
 
@@ -217,8 +218,6 @@ class PDClusterManager(ClusterManager):
                 del self.tickets[rid]
                 ticket.finish = out.finish_time
                 ticket.output_tokens = 1 + out.num_output_tokens
-                if self.token_source is not None:
-                    self.token_source.pop(rid, None)
                 done.append(ticket)
         if self.on_work is not None:
             for home in fed.values():

@@ -94,16 +94,17 @@ class SimulatedExecutor(Executor):
     """No tensors: the iteration's duration comes from `latency_model.iteration_time(prefill,
     decode_contexts)` (prefill chunks, shadow chunks included, as (new_tokens, cached_before); decodes as
     context lengths). If the latency model also has `reload_time(num_tokens)`, the host-tier reloads of
-    the iteration's admissions and shadow chunks are added to it. Sampled tokens are `token_fn(request)`
-    (default: token id 0)."""
+    the iteration's admissions and shadow chunks are added to it. Sampled tokens are `token_fn(request)`,
+    or `filler_token` for every sample (requests that replay a recorded output take theirs instead)."""
 
     kv_cache = None
 
-    def __init__(self, latency_model, token_fn: Callable | None = None) -> None:
+    def __init__(self, latency_model, token_fn: Callable | None = None, filler_token: int = 0) -> None:
         if not callable(getattr(latency_model, "iteration_time", None)):
             raise TypeError("latency_model must have an iteration_time(prefill, decode_contexts) method")
         self.latency_model = latency_model
         self.token_fn = token_fn
+        self.filler_token = filler_token
         self._reload = getattr(latency_model, "reload_time", None)
 
     def execute(self, batch) -> ExecuteResult:
@@ -112,7 +113,7 @@ class SimulatedExecutor(Executor):
             duration += float(self._reload(batch.reload_tokens))
         fn = self.token_fn
         if fn is None:
-            return ExecuteResult([0] * len(batch.samples), duration)
+            return ExecuteResult([self.filler_token] * len(batch.samples), duration)
         tokens = list(map(fn, batch.samples))
         if not {*map(type, tokens)} <= {int}:    # convert only what is not a plain int already
             tokens = [int(t) for t in tokens]

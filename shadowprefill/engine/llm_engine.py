@@ -147,10 +147,12 @@ class LLMEngine:
     # ------------------------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids, max_tokens: int, priority: str = "normal",
                     session_id: str | None = None, ttft_slo: float | None = None, tpot_slo: float | None = None,
-                    tenant: str = "") -> Request:
+                    tenant: str = "", output_token_ids=None) -> Request:
         """Queue a call. `priority`: "routed" (an agent's routed call) or "normal" (other traffic).
         SLOs default to the paper's rule (§5.1). A routed call of a session drops that session's shadow
-        job here: whatever the shadow computed is in the prefix cache, and the call prefills the rest."""
+        job here: whatever the shadow computed is in the prefix cache, and the call prefills the rest.
+        `output_token_ids`: replay these output tokens instead of the sampled ones (a simulator replaying a
+        recorded call)."""
         if not isinstance(request_id, str) or not request_id:
             raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
         if request_id in self.scheduler.requests:
@@ -186,8 +188,9 @@ class LLMEngine:
             default_ttft_slo(self.predictor, len(prompt), cfg.token_budget, minimum=cfg.min_ttft_slo_s,
                              factor=cfg.slo_factor))
         tpot = float(tpot_slo) if tpot_slo is not None else self.tpot_slo
+        replay = None if output_token_ids is None else check_token_ids("output_token_ids", output_token_ids)
         r = Request(request_id, prompt, max_tokens, prio, now, next(self._seq), session_id=session_id,
-                    tenant=tenant, ttft_slo=ttft, tpot_slo=tpot)
+                    tenant=tenant, ttft_slo=ttft, tpot_slo=tpot, replay_token_ids=replay)
         if prio is Priority.ROUTED and session_id is not None:
             self.cancel_shadow(session_id)
         self.scheduler.add(r)

@@ -45,6 +45,8 @@ class Request:
 
     `ttft_slo` / `tpot_slo` are in seconds (`F_r`, `T_r` of the paper). `prefill_only` requests compute
     the prompt's K/V and finish without sampling (the Eager baseline's shadow requests).
+    `replay_token_ids`: the output the request produces, one token per step, instead of what the executor
+    samples (a simulator replaying recorded calls; teacher forcing); past its end the sampled tokens count.
     """
 
     __slots__ = (
@@ -53,13 +55,13 @@ class Request:
         "status", "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids",
         "num_committed_blocks", "num_cached_tokens", "num_host_cached_tokens", "first_token_time",
         "finish_time", "num_decode_iters", "num_preemptions", "ready_event", "finish_reason", "admitted",
-        "sched_stamp", "samples_now",
+        "sched_stamp", "samples_now", "replay_token_ids",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, priority: Priority,
                  arrival_time: float, arrival_seq: int, *, session_id: str | None = None, tenant: str = "",
                  ttft_slo: float = math.inf, tpot_slo: float = math.inf, prefill_only: bool = False,
-                 internal: bool = False) -> None:
+                 internal: bool = False, replay_token_ids: list[int] | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.max_tokens = max_tokens
@@ -89,6 +91,7 @@ class Request:
         self.finish_reason: str | None = None
         self.sched_stamp = -1               # the scheduler pass that last put it in a batch
         self.samples_now = False            # its chunk in the current batch samples a token
+        self.replay_token_ids = replay_token_ids   # output to produce instead of the sampled tokens
 
     # ------------------------------------------------------------------------------------------ views
     @property

@@ -18,13 +18,11 @@ in the prefix cache and frees finished requests' pages.
 from __future__ import annotations
 
 import bisect
-import operator
 from typing import Callable
 
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.shadow.view import IterationView
 
-_computed = operator.attrgetter("num_computed_tokens")
 ADMISSIONS = ("fcfs", "routed-first")
 
 
@@ -83,9 +81,10 @@ class ScheduledBatch:
         """(prefill chunks as (new tokens, cached before), shadow chunks last; decode contexts): the latency
         model's and the predictor's input, fixed once read (call it before postprocess)."""
         if self._shape is None:
-            prefill = [(n, r.num_computed_tokens) for r, n in self.prefills]
+            view = self.view(0)
+            prefill = view.prefill_pairs()
             prefill.extend((c.num_new, c.start) for c in self.shadow_chunks)
-            self._shape = (prefill, [c + 1 for c in map(_computed, self.decodes)])
+            self._shape = (prefill, view.decode_contexts())
         return self._shape
 
 
@@ -333,8 +332,9 @@ class Scheduler:
         for i, r in enumerate(batch.samples):
             if r.status is not running:          # aborted while in flight
                 continue
-            tok = tokens[i]
             out = r.output_token_ids
+            replay = r.replay_token_ids
+            tok = tokens[i] if replay is None or len(out) >= len(replay) else replay[len(out)]
             out.append(tok)
             r.all_token_ids.append(tok)
             if i < num_decodes:                  # a decode (it has its first token already)

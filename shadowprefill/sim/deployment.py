@@ -105,6 +105,8 @@ class SimLatency:
         return num_tokens * self._reload_s_per_token
 
 
+FILLER_TOKEN = 1   # the output token of requests that replay no recorded output (normal traffic)
+
 NormalSource = Callable[[str, int, float, int], Iterator[tuple]]
 
 
@@ -146,7 +148,7 @@ def azure_normal_source(lengths: str = "conv", process: str = "poisson", records
     return source
 
 
-def build_instance(model: str, index: int, config: SimConfig, policy: Policy, clock: VirtualClock, token_fn,
+def build_instance(model: str, index: int, config: SimConfig, policy: Policy, clock: VirtualClock,
                    role: str = "serve", latency_cache: dict | None = None) -> Instance:
     """One engine of `model` sized by the latency model (KV pool from HBM left after weights)."""
     cache = latency_cache if latency_cache is not None else {}
@@ -169,6 +171,6 @@ def build_instance(model: str, index: int, config: SimConfig, policy: Policy, cl
     ecfg = replace(config.engine, num_blocks=num_blocks, shadow_mode=mode, host_tier_gib=host_gib,
                    page_bytes=page_bytes, idle_cap_s=idle_cap, shadow_min_switch_prob=policy.min_switch_prob,
                    model_id=model)
-    engine = LLMEngine(SimulatedExecutor(sim_lm, token_fn), ecfg, clock=clock, latency_model=lm)
+    engine = LLMEngine(SimulatedExecutor(sim_lm, filler_token=FILLER_TOKEN), ecfg, clock=clock, latency_model=lm)
     name = f"{model}/{ {'dedicated': 'x', 'prefill': 'p', 'decode': 'd'}.get(role, '')}{index}"
     return Instance(name, model, index, engine, sim_lm, role=role, gpus=lm.tp)

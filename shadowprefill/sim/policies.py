@@ -36,7 +36,7 @@ class Policy:
     """One row of Table 2: how every engine and the manager are configured."""
 
     name: str
-    shadow_mode: str = "none"          # EngineConfig.shadow_mode of the serving instances
+    shadow_mode: str                   # EngineConfig.shadow_mode of the serving instances (said explicitly)
     host_tier: bool = False
     min_switch_prob: float = 0.0       # Predictive gate (EngineConfig.shadow_min_switch_prob)
     dedicated: bool = False            # one extra shadow instance per model
@@ -50,19 +50,19 @@ class Policy:
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
-    Policy("no-shadow", description="Cold switch; the baseline."),
-    Policy("host-tier", host_tier=True, description="No Shadow with the host-DRAM KV tier."),
+    Policy("no-shadow", shadow_mode="none", description="Cold switch; the baseline."),
+    Policy("host-tier", shadow_mode="none", host_tier=True, description="No Shadow with the host-DRAM KV tier."),
     Policy("harvest", shadow_mode="harvest", description="Shadow jobs under a fixed credit (δ=0.1)."),
     Policy("harvest-slo", shadow_mode="harvest-slo", description="Shadow jobs under the SLO-slack controller."),
     Policy("harvest-slo+host", shadow_mode="harvest-slo", host_tier=True,
            description="Harvest-SLO with the host tier."),
     Policy("predictive", shadow_mode="harvest", min_switch_prob=0.25,
            description="Harvest, gated on switch probability >= 0.25."),
-    Policy("dedicated", dedicated=True,
+    Policy("dedicated", shadow_mode="none", dedicated=True,
            description="One extra instance per model runs all shadow work (+25% GPUs)."),
     Policy("eager", shadow_mode="eager", description="Shadow work as normal-priority requests."),
-    Policy("oracle", oracle=True, description="Switch call's prefix cached for free."),
-    Policy("oracle+host", oracle=True, host_tier=True,
+    Policy("oracle", shadow_mode="none", oracle=True, description="Switch call's prefix cached for free."),
+    Policy("oracle+host", shadow_mode="none", oracle=True, host_tier=True,
            description="Switch call's prefix cached for free, with the host tier."),
 )}
 

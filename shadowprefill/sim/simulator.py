@@ -57,12 +57,6 @@ class Simulator:
             if bad:
                 raise ValueError(f"session {s.session_id!r} routes to {bad[0]!r}, not among models {config.models}")
         self.clock = VirtualClock()
-        self._outputs: dict[str, list[int]] = {}
-        outputs_get = self._outputs.get
-
-        def token_fn(r, _get=outputs_get):      # routed calls replay their recorded output tokens
-            out = _get(r.request_id)
-            return 1 if out is None else out[len(r.output_token_ids)]
 
         cache = latency_cache if latency_cache is not None else {}
         common = dict(prior=prior, shadow_targets=config.shadow_targets, shadows=self.policy.shadows,
@@ -73,25 +67,24 @@ class Simulator:
                 raise ValueError("the Dedicated policy is not defined for a P/D-disaggregated cluster")
             decode: dict[str, list[Instance]] = {}
             for model in config.models:
-                instances[model] = [build_instance(model, i, config, self.policy, self.clock, token_fn,
+                instances[model] = [build_instance(model, i, config, self.policy, self.clock,
                                                    role="prefill", latency_cache=cache)
                                     for i in range(config.pd_prefill)]
-                decode[model] = [build_instance(model, i, config, self.policy, self.clock, token_fn,
+                decode[model] = [build_instance(model, i, config, self.policy, self.clock,
                                                 role="decode", latency_cache=cache)
                                  for i in range(config.instances - config.pd_prefill)]
             kv = {m: cache[m].kv_bytes_per_token for m in config.models}
             self.manager = PDClusterManager(instances, decode, kv_bytes_per_token=kv,
                                             link_bw_per_gpu=config.link_bw_per_gpu, push_tokens=config.push_tokens,
                                             schedule=lambda t, fn: self._push(t, _TIMER, fn), **common)
-            self.manager.token_source = self._outputs
             decoders = [d for m in config.models for d in decode[m]]
         else:
             dedicated: dict[str, Instance] = {}
             for model in config.models:
-                group = [build_instance(model, i, config, self.policy, self.clock, token_fn, latency_cache=cache)
+                group = [build_instance(model, i, config, self.policy, self.clock, latency_cache=cache)
                          for i in range(config.instances)]
                 if self.policy.dedicated:
-                    d = build_instance(model, config.instances, config, self.policy, self.clock, token_fn,
+                    d = build_instance(model, config.instances, config, self.policy, self.clock,
                                        role="dedicated", latency_cache=cache)
                     dedicated[model] = d
                     group.append(d)
@@ -246,8 +239,6 @@ class Simulator:
         prompt = np.concatenate([history[:kept], new]) if k else new
         output = session.output_ids(k)
         histories[session.session_id] = np.concatenate([prompt, output])
-        request_id = f"{session.session_id}#{k}"
-        self._outputs[request_id] = output.tolist()
         prompt = prompt.tolist()
         model = session.calls[k].model
         if self.call_router is not None:        # per-call routing at issue time, on a read-only cache view
@@ -256,12 +247,11 @@ class Simulator:
                                                 WarmView(self.manager, session.session_id, prompt, session.tenant))
         self.manager.submit_call(session.session_id, k, model, prompt,
                                  session.calls[k].output_tokens, task=session.task, tenant=session.tenant,
-                                 kept_prefix=kept)
+                                 kept_prefix=kept, output_token_ids=output.tolist())
 
     def _finish_call(self, ticket, session: Session, result: RunResult, measured: set, pending: set,
                      histories: dict) -> None:
         t = ticket
-        self._outputs.pop(t.request_id, None)
         result.calls.append(CallRecord(
             session_id=t.session_id, call_index=t.call_index, task=session.task, model=t.model,
             instance=t.instance.name, is_switch=t.is_switch, arrival=t.arrival, first_token=t.first_token,
