@@ -1,7 +1,7 @@
 """Split-KV ("flash-decoding") reduce: merge the per-split partial results of paged_attention_kernel.
 
 When a batch has too few query tiles to fill the GPU (a few decodes over long contexts) the attention
-kernel runs with NUM_SPLITS > 1: program (tile, kv_head, split) attends to one contiguous share of the keys
+kernel runs split (SPLIT): program (tile, kv_head, split) attends to one contiguous share of the keys
 and writes o_s (normalised by its own softmax sum l_s) and lse_s = m_s + log2(l_s). The exact result is
     out = sum_s w_s * o_s / sum_s w_s,   w_s = 2^(lse_s - max_s lse_s)
 (splits that saw no key have lse_s = -inf, so w_s = 0).
@@ -14,16 +14,15 @@ from . import launch
 
 
 @triton.jit
-def reduce_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
-                         NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+def reduce_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_splits,
+                         SPLITS_P: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
     offs_s = tl.arange(0, SPLITS_P)
     offs_d = tl.arange(0, HEAD_DIM_P)
-    s_ok = offs_s < NUM_SPLITS
-    row = (token * num_heads + head) * NUM_SPLITS  # part_lse [T, Hq, NUM_SPLITS], part_out [..., D]
+    s_ok = offs_s < num_splits
+    row = (token * num_heads + head) * num_splits  # part_lse [T, Hq, NUM_SPLITS], part_out [..., D]
     lse = tl.load(part_lse_ptr + row + offs_s, mask=s_ok, other=float("-inf"))
     lse_max = tl.max(lse, 0)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # no key at all cannot happen; stay finite
@@ -52,6 +51,6 @@ def reduce_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Ten
     """out[t, h] = the log-sum-exp weighted merge of part_out[t, h, :] (enqueued, no host sync)."""
     num_tokens, num_heads, num_splits, head_dim = part_out.shape
     reduce_splits_kernel[(num_tokens, num_heads)](
-        part_out, part_lse, out, out.stride(0), out.stride(1),
-        NUM_SPLITS=num_splits, SPLITS_P=launch.next_power_of_2(num_splits),
+        part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,
+        SPLITS_P=max(2, launch.next_power_of_2(num_splits)),
         HEAD_DIM=head_dim, HEAD_DIM_P=max(16, launch.next_power_of_2(head_dim)), num_warps=4)

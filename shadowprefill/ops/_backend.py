@@ -5,8 +5,10 @@
   reference  plain torch (and the `_C` page copies) on every device;
   triton     the Triton kernels even on CPU tensors (they run under `TRITON_INTERPRET=1`, which must be
              set before `shadowprefill.triton_kernels` is first imported).
-`SHADOWPREFILL_DEBUG=1` turns on the value checks (ids in range, ...) for CUDA tensors too; on CPU
-tensors they always run.
+Value checks (ids in range, unique destinations, consistent offsets) always run for ops on CPU tensors.
+For ops on CUDA tensors they would cost a device-to-host copy (or host-side torch.unique / isin per call),
+so there only what is free runs by default (ranges of ids the caller already keeps on the host; the CUDA
+copy extension checks its ranges itself) and `SHADOWPREFILL_DEBUG=1` turns on the full checks.
 """
 import importlib
 import os
@@ -35,7 +37,7 @@ def use_triton(device: torch.device) -> bool:
 
 
 def value_checks_enabled(device: torch.device) -> bool:
-    """Value checks cost a device sync on CUDA, so there they run only with SHADOWPREFILL_DEBUG=1."""
+    """Full value checks for an op computing on `device`: always on the CPU, with SHADOWPREFILL_DEBUG=1 on CUDA."""
     return device.type == "cpu" or os.environ.get("SHADOWPREFILL_DEBUG", "0") == "1"
 
 

@@ -38,9 +38,9 @@ def test_triton_backend_reaches_the_kernels(monkeypatch):
     """With SHADOWPREFILL_BACKEND=triton the op calls shadowprefill.triton_kernels, on CPU tensors too."""
     calls = []
 
-    class FakeKernels:
+    class FakeKernels:  # write_kv and write_kv_cache share one kernel entry point: write_kv_cache
         @staticmethod
-        def write_kv(*args):
+        def write_kv_cache(*args):
             calls.append(args)
 
     monkeypatch.setenv("SHADOWPREFILL_BACKEND", "triton")
@@ -48,6 +48,6 @@ def test_triton_backend_reaches_the_kernels(monkeypatch):
     ops.write_kv(torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.randn(2, 1, 2, 1, 4, 8), 0, torch.tensor([3]))
     assert len(calls) == 1
     monkeypatch.setattr(_backend, "_cache", {"shadowprefill.triton_kernels": object()})
-    with pytest.raises(RuntimeError, match="no kernel for write_kv"):
+    with pytest.raises(RuntimeError, match="no kernel for write_kv_cache"):
         ops.write_kv(torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.randn(2, 1, 2, 1, 4, 8), 0,
                      torch.tensor([3]))
