@@ -119,26 +119,42 @@ def attention_tile(head_dim: int, group: int, dtype: torch.dtype, decode: bool,
                    override: Optional[str] = None) -> AttentionTile:
     """Tile for query tiles of decodes / short chunks (`decode`) or of prefill chunks.
 
-    decode: 16 rows (the smallest tl.dot tile), as many tokens as the GQA group leaves room for; the
-    kernel is bound by reading K/V, so rows beyond the real queries are nearly free.
-    prefill: 128 rows at head_dim <= 128, 64 at 256 (registers), 64 keys per step (32 at 256).
-    Three stages everywhere: two K/V tiles in flight while one is consumed.
-    `override` (a TileSpec string "128x64w8s3") replaces rows, keys, warps and stages.
+    decode: 16 rows (the smallest tl.dot tile), as many tokens as the GQA group leaves room for, 4 warps;
+    the kernel is bound by reading K/V, so rows beyond the real queries are nearly free.
+    prefill: 128 rows at head_dim <= 128, 64 at 256, 8 warps (4 spill registers at head_dim 256).
+    64 keys per step (32 at head_dim 256), three stages: two K/V tiles in flight while one is consumed.
+    float32 (3-pass tf32 dots): 32 keys, at most 32 rows (16 at head_dim 256), 4 warps.
+    `override` (a TileSpec string such as "128x64w8s3") replaces rows, keys, warps and stages. Rows are
+    raised to the padded GQA group; a tile whose modelled shared memory exceeds one CTA's (H100 limit)
+    gives up keys, then rows, then stages until it fits.
     """
     group_padded = next_power_of_2(group)
     head_dim_padded = max(16, next_power_of_2(head_dim))
     rows = 16 if decode else (128 if head_dim_padded <= 128 else 64)
     block_n = 64 if head_dim_padded <= 128 else 32
+    num_warps = 4 if decode else 8
     num_stages = 3
-    if dtype == torch.float32:  # 4-byte tiles (and 3-pass tf32 dots): smaller tiles fit smem and registers
-        block_n = 32
-        rows = min(rows, 64)
-    num_warps = 8 if rows >= 128 else 4
+    if dtype == torch.float32:
+        block_n, num_warps = 32, 4
+        rows = min(rows, 32 if head_dim_padded <= 128 else 16)
     if override is not None:
         rows, block_n, num_warps, num_stages = parse_tile(override, f"{'decode' if decode else 'prefill'} tile")
     rows = max(rows, group_padded)
-    return AttentionTile(block_q=rows // group_padded, group_padded=group_padded, block_n=block_n,
-                         head_dim_padded=head_dim_padded, num_warps=num_warps, num_stages=num_stages)
+
+    def tile():
+        return AttentionTile(block_q=rows // group_padded, group_padded=group_padded, block_n=block_n,
+                             head_dim_padded=head_dim_padded, num_warps=num_warps, num_stages=num_stages)
+
+    while tile_resources(tile(), dtype)[0] > H100_LIMITS.smem_per_block:
+        if block_n > 16:
+            block_n //= 2
+        elif rows > max(16, group_padded):
+            rows //= 2
+        elif num_stages > 2:
+            num_stages -= 1
+        else:
+            break
+    return tile()
 
 
 _TILE_RE = re.compile(r"^(\d+)x(\d+)w(\d+)s(\d+)$")
@@ -239,16 +255,19 @@ def tile_resources(tile: AttentionTile, dtype: torch.dtype) -> tuple:
     """(shared memory bytes, registers per thread) of the attention kernel with this tile: a model.
 
     Shared memory: the K and V buffers (num_stages - 1 in flight, one more under wgmma) plus the staging
-    of q and of p for the second dot, in the input dtype. Registers: the fp32 accumulator and scores, the
+    of q (and of p for the second dot, except under wgmma), in the input dtype. Registers: the fp32 accumulator and scores, the
     q fragment and the K/V address vectors spread over the CTA's threads, plus a fixed part; capped at 255.
     bench/sm90_compile_report.py checks both against the compiler for every variant (never below).
     """
     elem = torch.tensor([], dtype=dtype).element_size()
     threads = 32 * tile.num_warps
-    buffers = max(1, tile.num_stages - 1) + (1 if uses_wgmma(tile, dtype) else 0)
+    wgmma = uses_wgmma(tile, dtype)
+    buffers = max(1, tile.num_stages - 1) + (1 if wgmma else 0)
     kv_tile = tile.block_n * tile.head_dim_padded * elem
-    smem = (2 * buffers * kv_tile + tile.block_m * tile.head_dim_padded * elem
-            + tile.block_m * tile.block_n * elem + 4 * tile.block_n)
+    p_staging = 0 if wgmma else tile.block_m * tile.block_n * elem  # wgmma takes p from registers
+    smem = 2 * buffers * kv_tile + tile.block_m * tile.head_dim_padded * elem + p_staging + 4 * tile.block_n
+    if dtype == torch.float32:  # 3-pass tf32 dots stage q and p a second time and need every register
+        return smem + tile.block_m * (tile.head_dim_padded + tile.block_n) * 4, 255
     per_thread = (tile.block_m * tile.head_dim_padded * 4 + tile.block_m * tile.block_n * 4
                   + tile.block_m * tile.head_dim_padded * elem + 2 * tile.block_n * tile.head_dim_padded * 2) // (4 * threads)
     regs = min(255, 48 + per_thread + per_thread // 4)
