@@ -124,7 +124,7 @@ def write_kv(key, value, kv_cache, layer, slot_mapping) -> None:
 def quantize_fp8(pages: torch.Tensor):
     """pages [..., block_size, D] -> (e4m3 payload, float32 scales [...]): one scale per (…) tile,
     amax / 448 over the tile's finite values (1 for an all-zero tile), payload = x / scale clamped."""
-    x = pages.float()
+    x = pages.to(torch.float32, copy=True)  # divided in place below: never the caller's tensor
     amax = x.abs().nan_to_num_(nan=0.0, posinf=0.0).amax(dim=(-2, -1))  # finite values only
     scales = torch.where(amax > 0, amax / FP8_MAX, 1.0)
     payload = x.div_(scales[..., None, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
