@@ -255,8 +255,9 @@ def tile_resources(tile: AttentionTile, dtype: torch.dtype) -> tuple:
     """(shared memory bytes, registers per thread) of the attention kernel with this tile: a model.
 
     Shared memory: the K and V buffers (num_stages - 1 in flight, one more under wgmma) plus the staging
-    of q (and of p for the second dot, except under wgmma), in the input dtype. Registers: the fp32 accumulator and scores, the
-    q fragment and the K/V address vectors spread over the CTA's threads, plus a fixed part; capped at 255.
+    of q (and of p for the second dot, except under wgmma), in the input dtype. Registers: the fp32
+    accumulator and scores, the q fragment and the K/V address vectors spread over the CTA's threads, plus
+    a fixed part and a quarter for temporaries; capped at 255.
     bench/sm90_compile_report.py checks both against the compiler for every variant (never below).
     """
     elem = torch.tensor([], dtype=dtype).element_size()
@@ -268,8 +269,10 @@ def tile_resources(tile: AttentionTile, dtype: torch.dtype) -> tuple:
     smem = 2 * buffers * kv_tile + tile.block_m * tile.head_dim_padded * elem + p_staging + 4 * tile.block_n
     if dtype == torch.float32:  # 3-pass tf32 dots stage q and p a second time and need every register
         return smem + tile.block_m * (tile.head_dim_padded + tile.block_n) * 4, 255
-    per_thread = (tile.block_m * tile.head_dim_padded * 4 + tile.block_m * tile.block_n * 4
-                  + tile.block_m * tile.head_dim_padded * elem + 2 * tile.block_n * tile.head_dim_padded * 2) // (4 * threads)
+    tile_bytes = (tile.block_m * tile.head_dim_padded * 4 + tile.block_m * tile.block_n * 4  # acc, scores
+                  + tile.block_m * tile.head_dim_padded * elem                               # q fragment
+                  + 2 * tile.block_n * tile.head_dim_padded * 2)                             # K/V addresses
+    per_thread = tile_bytes // (4 * threads)
     regs = min(255, 48 + per_thread + per_thread // 4)
     return smem, regs
 

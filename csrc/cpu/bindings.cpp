@@ -38,7 +38,8 @@ PYBIND11_MODULE(_C, m) {
       "copy_path",
       [](std::uintptr_t src_ids_ptr, std::uintptr_t dst_ids_ptr, std::int64_t n, std::int64_t page_bytes,
          std::int64_t kernel_max_run_bytes, std::int64_t kernel_min_runs, std::int64_t chunk_bytes) {
-        shadowprefill::SegmentArgs a{1, 1, src_ids_ptr, dst_ids_ptr, n, page_bytes, page_bytes, 0, 0, page_bytes, -1, -1};
+        shadowprefill::SegmentArgs a{1,          1, src_ids_ptr, dst_ids_ptr, n, page_bytes, page_bytes, 0, 0,
+                                     page_bytes, -1, -1};
         const auto runs = shadowprefill::build_runs(a);
         const auto mask = shadowprefill::kernel_run_mask(runs, kernel_max_run_bytes, kernel_min_runs, true);
         std::int64_t kernel_runs = 0;

@@ -99,8 +99,10 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.Tenso
     src and dst: block-major caches with equal page shape and dtype, on any devices (CUDA, pinned or
     pageable CPU). Ids: int32/int64, on the CPU (best: no sync) or a cache's device. Ids out of range are
     an error always; duplicate destination ids (and, within one cache, a destination that is also a
-    source) on CPU copies always, on copies touching CUDA with SHADOWPREFILL_DEBUG=1. A copy touching CUDA is enqueued on the current stream and returns at once; the caller
-    keeps both caches alive until it completes (record an event).
+    source) on CPU copies always, on copies touching CUDA with SHADOWPREFILL_DEBUG=1. A copy touching
+    CUDA is enqueued on the current stream and returns at once; the caller keeps both caches alive until
+    it completes (record an event). The run list is built on the host per call, so a copy is not captured
+    into CUDA graphs.
     """
     for x, name in ((src, "src"), (dst, "dst"), (src_block_ids, "src_block_ids"),
                     (dst_block_ids, "dst_block_ids")):

@@ -26,7 +26,8 @@ def torch_attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, sca
             continue
         # keys of positions 0..seq_len-1, one token at a time (unread pages never touched: window below)
         first = max(0, seq_len - q_len - window + 1) if window else 0
-        rows = [kv_cache[int(block_table[s, p // block_size]), layer, :, :, p % block_size] for p in range(first, seq_len)]
+        rows = [kv_cache[int(block_table[s, p // block_size]), layer, :, :, p % block_size]
+                for p in range(first, seq_len)]
         kv = torch.stack(rows).double()                                  # [n, 2, Hkv, D]
         k = kv[:, 0].repeat_interleave(group, 1).transpose(0, 1)         # [Hq, n, D]
         v = kv[:, 1].repeat_interleave(group, 1).transpose(0, 1)

@@ -56,6 +56,6 @@ def test_kernels_compile_for_sm90_with_pipelined_kv_loads():
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
     for version in ("3.9", "3.6"):
-        assert f"triton {version}." in out and f"0 failed to compile, 0 assertion(s) failed" in out
+        assert f"triton {version}." in out and "0 failed to compile, 0 assertion(s) failed" in out
     assert out.count("K/V buffers [2, 2") >= 2 and out.count("K/V buffers [3, 3") >= 2  # decode / prefill
     assert "fp32 divisions ['div.rn.f32']" in out
