@@ -47,18 +47,22 @@ std::uintptr_t device_address(std::uintptr_t ptr) {
 // event recorded after its upload has completed.
 class PinnedRing {
  public:
-  // Returns pinned space for `bytes` and the event to record once its upload is enqueued.
-  std::pair<char*, cudaEvent_t> acquire(std::size_t bytes) {
+  // Enqueues an upload of `bytes` host bytes at `data` to `device_dst` on `stream` through pinned staging
+  // (a true async copy). The staging range is reused once the event recorded after the copy completed;
+  // staging, copy and record happen under the lock, so no other thread sees the range before its event.
+  void upload(const void* data, std::size_t bytes, void* device_dst, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);
-    bytes = (bytes + 255) & ~static_cast<std::size_t>(255);
-    if (bytes > capacity_) grow(bytes);
+    const std::size_t size = (bytes + 255) & ~static_cast<std::size_t>(255);
+    if (size > capacity_) grow(size);
     std::size_t start = 0;
     reclaim(false);
-    while (!place(bytes, start)) reclaim(true);  // full of tables in flight: wait for the oldest upload
+    while (!place(size, start)) reclaim(true);  // full of uploads in flight: wait for the oldest
     cudaEvent_t event = take_event();
-    in_flight_.push_back({start, bytes, event});
-    head_ = start + bytes;
-    return {base_ + start, event};
+    std::memcpy(base_ + start, data, bytes);
+    check(cudaMemcpyAsync(device_dst, base_ + start, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(table)");
+    check(cudaEventRecord(event, stream), "cudaEventRecord");
+    in_flight_.push_back({start, size, event});
+    head_ = start + size;
   }
 
  private:
@@ -153,19 +157,14 @@ __global__ void gather_chunks_kernel(const CopyRun* __restrict__ chunks) {
   }
 }
 
-void gather(std::vector<CopyRun>& chunks, cudaStream_t stream) {
+void gather(const std::vector<CopyRun>& chunks, cudaStream_t stream) {
   const std::size_t table_bytes = chunks.size() * sizeof(CopyRun);
-  auto [staging, event] = ring_of_current_device().acquire(table_bytes);
-  std::memcpy(staging, chunks.data(), table_bytes);
   void* table = nullptr;
   check(cudaMallocAsync(&table, table_bytes, stream), "cudaMallocAsync");
-  check(cudaMemcpyAsync(table, staging, table_bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(table)");
-  check(cudaEventRecord(event, stream), "cudaEventRecord");  // the staging range is free once this completes
-  for (std::size_t first = 0; first < chunks.size(); first += 65535u * 32u) {  // grid.x limit, generously
-    const unsigned count = static_cast<unsigned>(std::min<std::size_t>(chunks.size() - first, 65535u * 32u));
-    gather_chunks_kernel<<<count, kThreads, 0, stream>>>(static_cast<const CopyRun*>(table) + first);
-    check(cudaGetLastError(), "gather_chunks_kernel launch");
-  }
+  ring_of_current_device().upload(chunks.data(), table_bytes, table, stream);
+  gather_chunks_kernel<<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream>>>(
+      static_cast<const CopyRun*>(table));
+  check(cudaGetLastError(), "gather_chunks_kernel launch");
   check(cudaFreeAsync(table, stream), "cudaFreeAsync");
 }
 }  // namespace
