@@ -338,8 +338,9 @@ def plan_attention(num_tokens: int, num_seqs: int, head_dim: int, group: int, nu
     - one sequence of T > decode block_q tokens: one prefill-tile launch;
     - otherwise (a mix): the decode tile for sequences of q_len <= its block_q, the prefill tile for the
       rest; the programs of a launch whose sequence belongs to the other launch return at once.
-    Each launch is split along the keys when its busy programs (an upper bound) fill less than half of
-    the device's resident capacity for its tile (num_kv_splits).
+    Each launch is split along the keys when its busy programs fill less than half of the device's
+    resident capacity for its tile (num_kv_splits); busy programs are an upper bound, except for the
+    prefill launch of a mix (see below).
     """
     overrides = tile_overrides(tiles)
     decode = attention_tile(head_dim, group, dtype, True, overrides.get("decode"))
@@ -356,9 +357,12 @@ def plan_attention(num_tokens: int, num_seqs: int, head_dim: int, group: int, nu
     prefill = attention_tile(head_dim, group, dtype, False, overrides.get("prefill"))
     if num_seqs == 1:
         return [sized(prefill, 0, Q_LEN_UNBOUNDED, cdiv(num_tokens, prefill.block_q))]
+    # which sequences are decodes is not known on the host: size the prefill launch for the usual engine
+    # step, S - 1 single-token decodes next to one chunk (a shadow chunk among decodes gets its splits;
+    # many short prefills are under-counted, which costs extra splits, never a wrong result)
     return [sized(decode, 0, decode.block_q, min(num_seqs, num_tokens)),
             sized(prefill, decode.block_q + 1, Q_LEN_UNBOUNDED,
-                  busy_tiles(num_tokens, num_seqs, prefill.block_q))]
+                  cdiv(max(1, num_tokens - (num_seqs - 1)), prefill.block_q))]
 
 
 def with_splits(plan: AttentionLaunch, num_splits: int) -> AttentionLaunch:

@@ -85,6 +85,17 @@ def test_split_chosen_for_a_short_chunk_on_a_long_context(context, chunk):
     check(batch, torch.float16)
 
 
+def test_split_chosen_for_both_launches_of_a_shadow_step():
+    """A decode and a short chunk on a long context in one batch (the shadow-prefill step): the plan
+    splits the decode launch and the chunk's prefill launch; the results merge exactly."""
+    pool = nan_pool(144, 1, 1, 16, 64, torch.float16)
+    batch = build([(300, 1), (1500, 40)], pool, layer=0, num_q_heads=2)
+    plans = launch.plan_attention(41, 2, 64, 2, 1, batch["block_table"].shape[1] * 16, torch.float16,
+                                  launch.device_limits(torch.device(DEVICE)))
+    assert len(plans) == 2 and all(p.num_splits > 1 for p in plans)
+    check(batch, torch.float16)
+
+
 def test_mixed_batch_uses_two_launches_that_cover_every_sequence():
     pool = nan_pool(24, 1, 2, 16, 64, torch.float16)
     batch = build(MIXED, pool, layer=0, num_q_heads=8)

@@ -85,6 +85,9 @@ def test_plans_for_decodes_prefills_and_mixes():
     # a few decodes next to a long chunk: the decode launch (3 x 8 programs) is split on its own
     decode, prefill = launch.plan_attention(2050, 3, 128, 4, 8, 16384, BF16, H100)
     assert decode.programs == 24 and decode.num_splits == 16 and prefill.num_splits == 1
+    # the shadow-prefill step: 64 decodes and a 256-token chunk on 32K: the chunk's launch is split
+    decode, prefill = launch.plan_attention(64 + 256, 65, 128, 4, 8, 32768 + 256, BF16, H100)
+    assert decode.num_splits == 1 and prefill.programs == 64 and prefill.num_splits == 2
 
 
 @pytest.mark.parametrize("chunk, context, splits", [(128, 32768, 4), (256, 16384, 2), (256, 65536, 2),
