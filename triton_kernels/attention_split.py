@@ -5,6 +5,8 @@ kernel runs split (SPLIT): program (tile, kv_head, split) attends to one contigu
 and writes o_s (normalised by its own softmax sum l_s) and lse_s = m_s + log2(l_s). The exact result is
     out = sum_s w_s * o_s / sum_s w_s,   w_s = 2^(lse_s - max_s lse_s)
 (splits that saw no key have lse_s = -inf, so w_s = 0).
+part_lse starts at -inf: rows whose sequence belongs to the other launch of a mixed batch (or to no
+sequence) are never written by the attention kernel, and the reduce leaves their output untouched.
 """
 import torch
 import triton
@@ -25,7 +27,8 @@ def reduce_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_
     row = (token * num_heads + head) * num_splits  # part_lse [T, Hq, NUM_SPLITS], part_out [..., D]
     lse = tl.load(part_lse_ptr + row + offs_s, mask=s_ok, other=float("-inf"))
     lse_max = tl.max(lse, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # no key at all cannot happen; stay finite
+    if lse_max == float("-inf"):
+        return  # a row of the other launch (a real row always sees its own key): leave it alone
     weight = tl.exp2(lse - lse_max)
     mask = s_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     parts = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
@@ -38,12 +41,12 @@ def reduce_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_
 def allocate_partials(q: torch.Tensor, num_splits: int):
     """Scratch for a split launch: part_out [T, Hq, splits, D] and part_lse [T, Hq, splits], float32.
 
-    Every (token, head, split) entry is written by the attention kernel (empty splits write lse = -inf),
-    so torch.empty is enough.
+    The attention kernel writes every (token, head, split) entry of the sequences its launch takes (empty
+    splits write lse = -inf); part_lse starts at -inf so that the reduce can tell the rows it did not take.
     """
     num_tokens, num_heads, head_dim = q.shape
     part_out = torch.empty((num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    part_lse = torch.full((num_tokens, num_heads, num_splits), float("-inf"), dtype=torch.float32, device=q.device)
     return part_out, part_lse
 
 
