@@ -21,7 +21,7 @@ import contextlib
 import functools
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
 import torch
@@ -363,10 +363,6 @@ def plan_attention(num_tokens: int, num_seqs: int, head_dim: int, group: int, nu
     return [sized(decode, 0, decode.block_q, min(num_seqs, num_tokens)),
             sized(prefill, decode.block_q + 1, Q_LEN_UNBOUNDED,
                   cdiv(max(1, num_tokens - (num_seqs - 1)), prefill.block_q))]
-
-
-def with_splits(plan: AttentionLaunch, num_splits: int) -> AttentionLaunch:
-    return replace(plan, num_splits=num_splits)
 
 
 def num_query_tiles(num_tokens: int, num_seqs: int, block_q: int) -> int:
