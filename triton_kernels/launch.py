@@ -198,7 +198,12 @@ def tile_overrides(tiles=None) -> dict:
         return _parse_tiles(tiles, "tiles")
     if _forced_tiles:
         return dict(_forced_tiles)
-    return _parse_tiles(os.environ.get(TILES_ENV) or None, TILES_ENV)
+    return dict(_env_tiles(os.environ.get(TILES_ENV) or None))
+
+
+@functools.lru_cache(maxsize=8)
+def _env_tiles(value: Optional[str]) -> tuple:
+    return tuple(_parse_tiles(value, TILES_ENV).items())
 
 
 @contextlib.contextmanager
