@@ -88,10 +88,10 @@ def test_dense_reference_is_the_paged_one_on_one_page_table():
 def test_long_prefill_is_computed_in_blocks_of_queries():
     """More logits than one block holds (the reference bounds memory by query blocks): same result."""
     pool = new_pool(40, 1, 1, 16, 32, torch.float32)
-    batch = op_args(make_batch([(100, 500)], pool, layer=0, num_q_heads=8))
+    batch = op_args(make_batch([(100, 200)], pool, layer=0, num_q_heads=8))
     limit = reference._MAX_LOGITS
     try:
-        reference._MAX_LOGITS = 8 * 600 * 7  # 7 queries per block
+        reference._MAX_LOGITS = 8 * 300 * 7  # 7 queries per block
         blocked = reference.paged_attention(**batch)
     finally:
         reference._MAX_LOGITS = limit
