@@ -1,15 +1,15 @@
 """Correctness part of bench/device_check.py: the Triton kernels against float64 / exact references.
 
-The attention reference here is written independently of the kernels: it gathers each sequence's K/V
-token by token through the block table into dense float64 tensors and applies the causal / window mask
-and softcap explicitly. Outputs are poisoned with NaN before each call; pages' unwritten tails hold NaN.
-Every input is random (never zeros) and fresh per check.
+The attention reference is shadowprefill.ops.reference (float64, on the device), the one reference the
+ops' CPU path and the tests use; it is independent of the kernels. Outputs are poisoned with NaN before
+each call; pages' unwritten tails hold NaN. Every input is random (never zeros) and fresh per check.
 """
 import math
 
 import torch
 
 from shadowprefill import triton_kernels as tk
+from shadowprefill.ops import reference
 from shadowprefill.triton_kernels import launch
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # rel. norm vs float64
@@ -48,40 +48,25 @@ def make_batch(seqs, num_blocks, num_layers, num_kv_heads, num_q_heads, block_si
                 scale=1.0 / math.sqrt(head_dim))
 
 
-def reference_attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, window=0, softcap=0.0):
-    """float64 attention, one sequence at a time, on q's device."""
-    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
-    num_q_heads, num_kv_heads, block_size = q.shape[1], kv_cache.shape[3], kv_cache.shape[4]
-    group = num_q_heads // num_kv_heads
-    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
-    for s, length in enumerate(lens):
-        start, q_len = cu[s], cu[s + 1] - cu[s]
-        if q_len == 0:
-            continue
-        pos = torch.arange(length, device=q.device)
-        pages = block_table[s].long()[pos // block_size]
-        k = kv_cache[pages, layer, 0, :, pos % block_size].double()  # [L, Hkv, D]
-        v = kv_cache[pages, layer, 1, :, pos % block_size].double()
-        k = k.repeat_interleave(group, dim=1).transpose(0, 1)         # [Hq, L, D]
-        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-        qs = q[start:start + q_len].double().transpose(0, 1)          # [Hq, q_len, D]
-        logits = qs @ k.transpose(1, 2) * scale
-        if softcap:
-            logits = softcap * torch.tanh(logits / softcap)
-        qpos = (length - q_len + torch.arange(q_len, device=q.device))[:, None]
-        visible = pos[None, :] <= qpos
-        if window:
-            visible &= pos[None, :] > qpos - window
-        logits = logits.masked_fill(~visible, float("-inf"))
-        out[start:start + q_len] = (logits.softmax(-1) @ v).transpose(0, 1)
-    return out
+def engine_views(kv_cache, layer, layout):
+    """The same K/V as another engine holds them: (key_cache, value_cache) views of a new tensor."""
+    k, v = kv_cache[:, layer, 0], kv_cache[:, layer, 1]               # [nb, Hkv, bs, D]
+    if layout == "vllm":                                               # [2, nb, bs, Hkv, D]
+        kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)]).contiguous()
+        return kv[0], kv[1]
+    kv = torch.stack([k, v], dim=1).contiguous()                       # FlashInfer HND [nb, 2, Hkv, bs, D]
+    return kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2)
 
 
-def attention_error(batch, window=0, softcap=0.0, splits=None):
+def attention_error(batch, window=0, softcap=0.0, splits=None, layout="block-major"):
     out = torch.full_like(batch["q"], float("nan"))
+    args = (batch["block_table"], batch["cu_seqlens_q"], batch["seq_lens"], batch["scale"], out, window, softcap)
     with launch.forced_splits(splits):
-        tk.paged_attention(**batch, out=out, sliding_window=window, softcap=softcap)
-    ref = reference_attention(**batch, window=window, softcap=softcap)
+        if layout == "block-major":
+            tk.paged_attention(batch["q"], batch["kv_cache"], batch["layer"], *args)
+        else:
+            tk.paged_attention_kv(batch["q"], *engine_views(batch["kv_cache"], batch["layer"], layout), *args)
+    ref = reference.paged_attention(**batch, sliding_window=window, softcap=softcap, dtype=torch.float64)
     if not bool(torch.isfinite(out).all()):
         return float("nan")
     return float((out.double() - ref).norm() / ref.norm())
@@ -93,9 +78,9 @@ def attention_cases(device, dry):
     if dry:
         return [("mixed fp32 D64 gqa2 bs16", torch.float32, dict(seqs=[(40, 1), (9, 12), (0, 5)], num_blocks=16,
                  num_layers=1, num_kv_heads=2, num_q_heads=4, block_size=16, head_dim=64), {}),
-                ("mixed fp16 D80 gqa2 split4 window softcap", torch.float16,
+                ("mixed fp16 D80 split4 window softcap vLLM layout", torch.float16,
                  dict(seqs=[(40, 1), (9, 12)], num_blocks=16, num_layers=1, num_kv_heads=1, num_q_heads=2,
-                      block_size=16, head_dim=80), dict(window=20, softcap=5.0, splits=4))]
+                      block_size=16, head_dim=80), dict(window=20, softcap=5.0, splits=4, layout="vllm"))]
     base = dict(num_blocks=512, num_layers=2)
     cases = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -105,15 +90,21 @@ def attention_cases(device, dry):
         cases.append((f"mixed bf16 D{head_dim} gqa{gqa} bs{block_size}", torch.bfloat16,
                       dict(seqs=mixed, num_kv_heads=2, num_q_heads=2 * gqa, block_size=block_size,
                            head_dim=head_dim, **base), {}))
+    gqa4 = dict(seqs=mixed, num_kv_heads=4, num_q_heads=16, block_size=16, head_dim=128, **base)
     cases += [
-        ("mixed bf16 window 256 softcap 50", torch.bfloat16,
-         dict(seqs=mixed, num_kv_heads=4, num_q_heads=16, block_size=16, head_dim=128, **base),
-         dict(window=256, softcap=50.0)),
-        ("mixed bf16 forced split 8", torch.bfloat16,
-         dict(seqs=mixed, num_kv_heads=4, num_q_heads=16, block_size=16, head_dim=128, **base), dict(splits=8)),
+        ("mixed bf16 window 256 softcap 50", torch.bfloat16, gqa4, dict(window=256, softcap=50.0)),
+        ("mixed bf16 forced split 8", torch.bfloat16, gqa4, dict(splits=8)),
+        ("mixed bf16 vLLM layout", torch.bfloat16, gqa4, dict(layout="vllm")),
+        ("mixed bf16 FlashInfer HND layout", torch.bfloat16, gqa4, dict(layout="hnd", window=100)),
         ("4 decodes at 32K bf16 (split chosen)", torch.bfloat16,
          dict(seqs=[(32768, 1)] * 4, num_blocks=8300, num_layers=1, num_kv_heads=8, num_q_heads=32,
               block_size=16, head_dim=128), {}),
+        ("chunk 256 on 16K bf16 (split chosen)", torch.bfloat16,
+         dict(seqs=[(16384, 256)], num_blocks=1100, num_layers=1, num_kv_heads=8, num_q_heads=32,
+              block_size=16, head_dim=128), {}),
+        ("2 decodes + chunk 256 on 16K bf16 (both launches split)", torch.bfloat16,
+         dict(seqs=[(4000, 1), (16384, 256), (9000, 1)], num_blocks=1900, num_layers=1, num_kv_heads=8,
+              num_q_heads=32, block_size=16, head_dim=128), {}),
         ("prefill 1024 on 3K bf16", torch.bfloat16,
          dict(seqs=[(3000, 1024)], num_blocks=300, num_layers=1, num_kv_heads=8, num_q_heads=32,
               block_size=16, head_dim=128), {}),
@@ -141,18 +132,22 @@ def check_copies(table, device, dry):
     shape = (64, 4, 2, 8, 16, 128) if not dry else (8, 2, 2, 2, 16, 64)
     pool = (torch.randn(shape, device=device) * 3).to(dtype)
     ids = torch.randperm(shape[0], device=device)[: shape[0] // 2]
-    # write_kv
+    # write_kv (block-major) and write_kv_cache (vLLM layout) against a plain-torch scatter
     slots = torch.randperm(shape[0] * shape[4], device=device)[:100]
     slots[::9] = -1
     key = torch.randn(100, shape[3], shape[5], device=device).to(dtype)
     value = torch.randn(100, shape[3], shape[5], device=device).to(dtype)
     expected = pool.clone()
-    keep = slots >= 0
-    expected[slots[keep] // shape[4], 1, 0, :, slots[keep] % shape[4]] = key[keep]
-    expected[slots[keep] // shape[4], 1, 1, :, slots[keep] % shape[4]] = value[keep]
+    reference.write_kv(key, value, expected, 1, slots)
     tk.write_kv(key, value, pool, 1, slots)
     written = torch.equal(pool, expected)
     table.add("check", "write_kv exact", float(written), "1=ok", note=_ok(written))
+    vllm = torch.randn((2, shape[0], shape[4], shape[3], shape[5]), device=device).to(dtype)
+    vllm_expected = vllm.clone()
+    reference.write_kv_cache(key, value, vllm_expected[0], vllm_expected[1], slots)
+    tk.write_kv_cache(key, value, vllm[0], vllm[1], slots)
+    written = torch.equal(vllm, vllm_expected)
+    table.add("check", "write_kv_cache (vLLM layout) exact", float(written), "1=ok", note=_ok(written))
     # pack / unpack, exact
     buf, scales = tk.pack_blocks(pool, ids, 1, 3 if not dry else 2)
     exact = torch.equal(buf, pool[ids, 1:buf.shape[1] + 1])
@@ -165,13 +160,15 @@ def check_copies(table, device, dry):
     soft, soft_scales = tk.pack_blocks(pool, ids, 0, shape[1], "fp8", force_soft_fp8=True)
     same = torch.equal(hw.view(torch.uint8), soft.view(torch.uint8)) and torch.equal(hw_scales, soft_scales)
     table.add("check", "fp8 pack: device cvt == integer cvt", float(same), "1=ok", note=_ok(same))
-    pages = pool[ids].float()
-    cast = (pages / hw_scales[..., None, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-    agree = float((cast.view(torch.uint8) == hw.view(torch.uint8)).float().mean())
-    table.add("check", "fp8 pack == torch cast", agree, "fraction", note=_ok(agree == 1.0))
+    ref_payload, ref_scales = reference.quantize_fp8(pool[ids])
+    agree = float((ref_payload.view(torch.uint8) == hw.view(torch.uint8)).float().mean())
+    table.add("check", "fp8 pack == torch cast (payload)", agree, "fraction", note=_ok(agree == 1.0))
+    scales_equal = torch.equal(ref_scales, hw_scales)  # exact division (div.rn.f32), as torch
+    table.add("check", "fp8 pack scales == torch amax / 448", float(scales_equal), "1=ok", note=_ok(scales_equal))
     back = torch.zeros_like(pool)
     tk.unpack_blocks(hw, hw_scales, back, ids, 0, shape[1])
-    err = float((back[ids].double() - pages.double()).norm() / pages.double().norm())
+    pages = pool[ids].double()
+    err = float((back[ids].double() - pages).norm() / pages.norm())
     table.add("check", "fp8 round trip", err, "rel err", note=_ok(err < 0.05) + " (< 0.05)")
 
 

@@ -1,7 +1,9 @@
-"""Timed sections of bench/device_check.py: ceilings, prefill, decode, mixed batch, pack/unpack, copy_blocks.
+"""Attention sections of bench/device_check.py: ceilings, prefill (with torch SDPA peers), short chunks on
+long contexts, decode, the mixed batch and the tile sweep.
 
-Every section takes (table, device, ceilings, dry, max_kv_gib, deadline) and adds rows to the table.
-GPU shapes follow issue 3 (bf16, head_dim 128, Hq 32 / Hkv 8, block 16); --dry-run shrinks them.
+Every section takes (table, device, ceilings, dry, deadline, results) and adds rows to the table and
+numbers to `results` (read by the verdicts). GPU shapes: bf16, head_dim 128, Hq 32 / Hkv 8, block 16;
+--dry-run shrinks them (fp32, Hq 4 / Hkv 2, head_dim 64) and runs the kernels under the interpreter.
 """
 import math
 import time
@@ -13,6 +15,7 @@ from shadowprefill import triton_kernels as tk
 from shadowprefill.triton_kernels import launch
 
 GIB = 2 ** 30
+MAX_KV_GIB = 40.0
 
 
 class Config:
@@ -38,7 +41,7 @@ def ceilings(table, device, dry) -> dict:
     table.add("ceiling", f"matmul {n}^3 {str(dtype)[6:]}", mm / 1e12, "TFLOP/s")
     result = {"copy": copy, "matmul": mm}
     for direction, rate in timing.host_copy_rates(device, 512 << 20).items():
-        table.add("ceiling", f"contiguous pinned {direction}", rate / 1e9, "GB/s")
+        table.add("ceiling", f"contiguous pinned {direction} 512 MiB", rate / 1e9, "GB/s")
         result[direction] = rate
     return result
 
@@ -71,19 +74,18 @@ def paged_problems(pool, seqs, copies, cfg, device):
     return problems
 
 
-def attention_calls(pool, problems, cfg):
+def attention_calls(pool, problems, cfg, tiles=None):
     return [lambda p=p: tk.paged_attention(p["q"], pool, 0, p["block_table"], p["cu"], p["lens"], cfg.scale,
-                                           p["out"]) for p in problems]
+                                           p["out"], tiles=tiles) for p in problems]
 
 
-def plan_note(seqs, cfg, device) -> str:
+def plan_note(seqs, cfg, device, tiles=None) -> str:
     tokens = sum(n for _, n in seqs)
     max_context = max(c + n for c, n in seqs)
     plans = launch.plan_attention(tokens, len(seqs), cfg.head_dim, cfg.num_q_heads // cfg.num_kv_heads,
                                   cfg.num_kv_heads, -(-max_context // cfg.block_size) * cfg.block_size,
-                                  cfg.dtype, launch.sm_count(device))
-    return ", ".join(f"{p.tile.block_m}x{p.tile.block_n} w{p.tile.num_warps} s{p.tile.num_stages}"
-                     + (f" split{p.num_splits}" if p.num_splits > 1 else "") for p in plans)
+                                  cfg.dtype, launch.device_limits(device), tiles)
+    return ", ".join(p.tile.spec + (f" split{p.num_splits}" if p.num_splits > 1 else "") for p in plans)
 
 
 def problem_bytes(seqs, cfg) -> int:
@@ -91,35 +93,48 @@ def problem_bytes(seqs, cfg) -> int:
     return sum(c + n for c, n in seqs) * cfg.token_kv_bytes + 2 * tokens * cfg.num_q_heads * cfg.head_dim * cfg.elem
 
 
-def prefill(table, device, ceil, dry, max_kv_gib, deadline):
-    cfg = Config(dry)
-    chunk, contexts = (32, (0, 64)) if dry else (2048, (0, 8192, 32768, 65536))
-    l2 = timing.l2_bytes(device)
-    for context in contexts:
-        if time.time() > deadline:
-            table.add("prefill", f"chunk {chunk} on ctx {context}", None, "", note="skipped: time budget")
-            continue
-        seqs = [(context, chunk)]
-        copies = timing.rotation_count(problem_bytes(seqs, cfg), l2, cap=16)
-        pool = cfg.pool(copies * -(-(context + chunk) // cfg.block_size), device)
-        problems = paged_problems(pool, seqs, copies, cfg, device)
-        seconds = timing.median_seconds(attention_calls(pool, problems, cfg), device)
-        flops = 4 * cfg.num_q_heads * cfg.head_dim * sum(context + i + 1 for i in range(chunk))  # causal only
-        rate = flops / seconds
-        try:
-            peer_seconds, peer_err = sdpa_peer(pool, problems, cfg, device)
-            peer = f"sdpa flash {flops / peer_seconds / 1e12:.3g} TFLOP/s"
-            vs_peer, vs_note = peer_seconds / seconds, f"vs peer out rel err {peer_err:.1e}"
-        except Exception as e:  # noqa: BLE001 - the peer failing must not hide our number
-            peer, vs_peer, vs_note = "sdpa flash failed", None, f"{type(e).__name__}: {e}"[:120]
-        table.add("prefill", f"chunk {chunk} on ctx {context}", rate / 1e12, "TFLOP/s", rate / ceil["matmul"],
-                  peer, vs_peer, f"{seconds * 1e3:.3f} ms; {vs_note}; {plan_note(seqs, cfg, device)}")
-        del pool, problems
+def causal_flops(context: int, chunk: int, cfg) -> int:
+    """Two matmuls over the visible keys of every query: 4 * Hq * D * sum_i (context + i + 1)."""
+    return 4 * cfg.num_q_heads * cfg.head_dim * (chunk * context + chunk * (chunk + 1) // 2)
 
 
-def sdpa_peer(pool, problems, cfg, device):
-    """Seconds of torch's flash attention on the same problems (dense K/V expanded to Hq heads), and the
-    relative difference of its output from ours on the first problem."""
+def time_prefill(table, section, device, cfg, context, chunk, ceil, results, peers=True, tiles=None):
+    """Time one chunk-on-context shape (ours, then the SDPA peers); add its row; return TFLOP/s."""
+    seqs = [(context, chunk)]
+    copies = timing.rotation_count(problem_bytes(seqs, cfg), timing.l2_bytes(device), cap=8)
+    pool = cfg.pool(copies * -(-(context + chunk) // cfg.block_size), device)
+    problems = paged_problems(pool, seqs, copies, cfg, device)
+    seconds = timing.median_seconds(attention_calls(pool, problems, cfg, tiles), device)
+    rate = causal_flops(context, chunk, cfg) / seconds
+    peer_text, vs_peer, notes = "", None, []
+    if peers:
+        found = sdpa_peers(pool, problems, cfg, device)
+        timed = {name: s for name, (s, err, note) in found.items() if s is not None}
+        peer_text = ", ".join(f"{name} {causal_flops(context, chunk, cfg) / s / 1e12:.3g}" for name, s in timed.items())
+        notes += [f"{name}: {note}" for name, (s, err, note) in found.items() if note]
+        if timed:
+            best = min(timed.values())
+            vs_peer = best / seconds
+            results.setdefault("prefill_vs_peer", {})[(context, chunk)] = vs_peer
+    results.setdefault("prefill_rate", {})[(context, chunk)] = rate
+    label = " ".join(f"{kind}={spec}" for kind, spec in (tiles or {}).items())
+    table.add(section, f"chunk {chunk} on ctx {context}" + (f" tiles {label}" if tiles else ""), rate / 1e12,
+              "TFLOP/s", rate / ceil["matmul"], peer_text and f"SDPA TFLOP/s: {peer_text}", vs_peer,
+              "; ".join([f"{seconds * 1e3:.3f} ms", plan_note(seqs, cfg, device, tiles)] + notes))
+    del pool, problems
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rate
+
+
+def sdpa_peers(pool, problems, cfg, device) -> dict:
+    """{backend: (seconds or None, rel. difference of its output from ours, note)} for torch's SDPA flash
+    and cuDNN backends on the same problems (dense K/V gathered and expanded to Hq heads, not timed), with
+    the bottom-right causal mask of a chunk on cached context. A backend that fails, or whose output
+    differs from ours by more than 2e-2 (another mask), is reported and not timed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
     group = cfg.num_q_heads // cfg.num_kv_heads
     dense = []
     for p in problems:
@@ -131,126 +146,154 @@ def sdpa_peer(pool, problems, cfg, device):
         v = kv[:, 1].repeat_interleave(group, dim=1).transpose(0, 1)[None].contiguous()
         dense.append((p["q"].transpose(0, 1)[None].contiguous(), k, v))
 
-    def call(q, k, v):
-        if device.type == "cuda":  # is_causal on seq_q < seq_k: flash's bottom-right causal mask
-            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False,
-                                                                       scale=cfg.scale)[0]
-        lq, lk = q.shape[2], k.shape[2]
-        mask = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.scale)
+    def public(backend):
+        def call(q, k, v):
+            mask = causal_lower_right(q.shape[2], k.shape[2])
+            with sdpa_kernel([backend]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.scale)
+        return call
 
-    seconds = timing.median_seconds([lambda d=d: call(*d) for d in dense], device)
+    def aten_flash(q, k, v):  # flash's is_causal is bottom-right for seq_q < seq_k
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False, scale=cfg.scale)[0]
+
+    if device.type == "cuda":
+        candidates = {"flash": [public(SDPBackend.FLASH_ATTENTION), aten_flash],
+                      "cudnn": [public(SDPBackend.CUDNN_ATTENTION)]}
+    else:
+        candidates = {"math (dry run)": [public(SDPBackend.MATH)]}
     ours = problems[0]["out"].double()
-    theirs = call(*dense[0])[0].transpose(0, 1).double()
-    return seconds, float((ours - theirs).norm() / theirs.norm())
+    found = {}
+    for name, calls in candidates.items():
+        found[name] = (None, None, "")
+        for call in calls:
+            try:
+                theirs = call(*dense[0])[0].transpose(0, 1).double()
+                err = float((ours - theirs).norm() / theirs.norm())
+                if not err < 2e-2:
+                    found[name] = (None, err, f"output differs from ours by {err:.1e}: not timed")
+                    continue
+                seconds = timing.median_seconds([lambda d=d: call(*d) for d in dense], device)
+                found[name] = (seconds, err, "")
+                break
+            except Exception as e:  # noqa: BLE001 - a peer failing must not hide our number
+                found[name] = (None, None, f"{type(e).__name__}: {str(e)[:90]}")
+    del dense
+    return found
 
 
-def decode(table, device, ceil, dry, max_kv_gib, deadline):
+def prefill(table, device, ceil, dry, deadline, results):
     cfg = Config(dry)
-    batches, contexts = ((1, 2), (64,)) if dry else ((1, 8, 64, 256), (1024, 8192, 32768, 131072))
+    chunk, contexts = (32, (0, 64)) if dry else (2048, (0, 8192, 32768, 65536))
+    for context in contexts:
+        if time.time() > deadline:
+            table.add("prefill", f"chunk {chunk} on ctx {context}", None, "", note="skipped: time budget")
+            continue
+        time_prefill(table, "prefill", device, cfg, context, chunk, ceil, results)
+
+
+def short_chunks(table, device, ceil, dry, deadline, results):
+    """The shadow-prefill case: 128-512 new tokens on 16K-64K of cached context (split along the keys)."""
+    cfg = Config(dry)
+    shapes = [(600, 16), (1200, 32)] if dry else [(c, n) for c in (16384, 32768, 65536) for n in (128, 256, 512)]
+    for context, chunk in shapes:
+        if time.time() > deadline:
+            table.add("short chunk", f"chunk {chunk} on ctx {context}", None, "", note="skipped: time budget")
+            continue
+        time_prefill(table, "short chunk", device, cfg, context, chunk, ceil, results)
+
+
+def decode_shapes(dry):
+    """(goal shapes: batch >= 64 x >= 8K and 1 x 128K; the rest of the batch x context grid)."""
+    if dry:
+        return [(2, 64), (1, 1024)], [(4, 64)]
+    goal = [(64, 8192), (256, 8192), (64, 32768), (1, 131072)]
+    rest = [(b, c) for b in (1, 8, 64, 256) for c in (1024, 8192, 32768, 131072) if (b, c) not in goal]
+    return goal, rest
+
+
+def decode(table, device, ceil, dry, deadline, results, which="goal"):
+    cfg = Config(dry)
     l2 = timing.l2_bytes(device)
-    shapes, skipped = [], []
-    for batch in batches:
-        for context in contexts:
-            kv = batch * context * cfg.token_kv_bytes
-            (shapes if kv <= max_kv_gib * GIB else skipped).append((batch, context, kv))
-    pages_per_shape = {}
-    for batch, context, kv in shapes:
-        copies = timing.rotation_count(kv, l2)
-        pages_per_shape[(batch, context)] = (copies, copies * batch * -(-context // cfg.block_size))
-    pool = cfg.pool(max(p for _, p in pages_per_shape.values()), device)
-    for batch, context, kv in shapes:
+    goal, rest = decode_shapes(dry)
+    for batch, context in (goal if which == "goal" else rest):
         name = f"batch {batch} x ctx {context}"
+        kv = batch * context * cfg.token_kv_bytes
+        if kv > MAX_KV_GIB * GIB:
+            table.add("decode", name, None, "", note=f"skipped: KV {kv / GIB:.0f} GiB > {MAX_KV_GIB:g} GiB")
+            continue
         if time.time() > deadline:
             table.add("decode", name, None, "", note="skipped: time budget")
             continue
-        copies = pages_per_shape[(batch, context)][0]
+        copies = timing.rotation_count(kv, l2)
         seqs = [(context - 1, 1)] * batch
+        pool = cfg.pool(copies * batch * -(-context // cfg.block_size), device)
         problems = paged_problems(pool, seqs, copies, cfg, device)
         seconds = timing.median_seconds(attention_calls(pool, problems, cfg), device)
         rate = kv / seconds
+        results.setdefault("decode", {})[(batch, context)] = rate / ceil["copy"]
         table.add("decode", name, rate / 1e9, "GB/s KV", rate / ceil["copy"],
                   note=f"{seconds * 1e6:.1f} us; {plan_note(seqs, cfg, device)}")
-        del problems
-    for batch, context, kv in skipped:
-        table.add("decode", f"batch {batch} x ctx {context}", None, "",
-                  note=f"skipped: KV {kv / GIB:.0f} GiB > --max-kv-gib {max_kv_gib:g}")
-    del pool
+        del pool, problems
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
-def mixed(table, device, ceil, dry, max_kv_gib, deadline):
+def mixed(table, device, ceil, dry, deadline, results):
+    """64 decodes at 8K plus one chunk in one call vs the two apart: a 2,048-token chunk at 16K, and the
+    shadow-prefill step, a 256-token chunk at 32K (its launch split along the keys)."""
     cfg = Config(dry)
     decodes = [(63, 1)] * 4 if dry else [(8191, 1)] * 64
-    chunk = [(64, 32)] if dry else [(16384, 2048)]
-    variants = {"mixed": decodes + chunk, "decodes": decodes, "chunk": chunk}
-    l2 = timing.l2_bytes(device)
-    copies = timing.rotation_count(problem_bytes(variants["mixed"], cfg), l2, cap=16)
-    pages = sum(-(-(c + n) // cfg.block_size) for c, n in variants["mixed"])
-    pool = cfg.pool(copies * pages, device)
-    seconds = {}
-    for name, seqs in variants.items():
-        problems = paged_problems(pool, seqs, copies, cfg, device)
-        seconds[name] = timing.median_seconds(attention_calls(pool, problems, cfg), device)
-    apart = seconds["decodes"] + seconds["chunk"]
-    table.add("mixed", f"{len(decodes)} decodes + chunk {chunk[0][1]} at {chunk[0][0]}", seconds["mixed"] * 1e3,
-              "ms", None, f"separately {apart * 1e3:.3f} ms", apart / seconds["mixed"],
-              f"decodes {seconds['decodes'] * 1e3:.3f} ms + chunk {seconds['chunk'] * 1e3:.3f} ms; "
-              f"{plan_note(variants['mixed'], cfg, device)}")
+    for chunk in ([[(64, 32)]] if dry else [[(16384, 2048)], [(32768, 256)]]):
+        if time.time() > deadline:
+            table.add("mixed", f"{len(decodes)} decodes + chunk {chunk[0][1]} at {chunk[0][0]}", None, "",
+                      note="skipped: time budget")
+            continue
+        variants = {"mixed": decodes + chunk, "decodes": decodes, "chunk": chunk}
+        copies = timing.rotation_count(problem_bytes(variants["mixed"], cfg), timing.l2_bytes(device), cap=16)
+        pages = sum(-(-(c + n) // cfg.block_size) for c, n in variants["mixed"])
+        pool = cfg.pool(copies * pages, device)
+        seconds = {}
+        for name, seqs in variants.items():
+            problems = paged_problems(pool, seqs, copies, cfg, device)
+            seconds[name] = timing.median_seconds(attention_calls(pool, problems, cfg), device)
+        apart = seconds["decodes"] + seconds["chunk"]
+        table.add("mixed", f"{len(decodes)} decodes + chunk {chunk[0][1]} at {chunk[0][0]}", seconds["mixed"] * 1e3,
+                  "ms", None, f"separately {apart * 1e3:.3f} ms", apart / seconds["mixed"],
+                  f"decodes {seconds['decodes'] * 1e3:.3f} ms + chunk {seconds['chunk'] * 1e3:.3f} ms; "
+                  f"{plan_note(variants['mixed'], cfg, device)}")
+        del pool
 
 
-def llama_pages(dry, device, num_pages):
-    """A Llama-3-8B page (32 layers, 8 kv heads, 16 x 128, bf16 = 2 MiB); tiny in a dry run."""
-    shape = (num_pages, 2, 2, 2, 16, 64) if dry else (num_pages, 32, 2, 8, 16, 128)
-    return torch.randn(shape, dtype=torch.float32 if dry else torch.bfloat16, device=device)
+SWEEP_PREFILL = ["128x64w8s3", "128x32w8s3", "128x64w8s4", "128x128w8s2", "64x64w4s3", "128x64w4s3"]
+SWEEP_DECODE = ["16x64w4s3", "16x32w4s3", "16x128w4s3", "16x64w4s4", "16x64w8s3", "16x32w4s4"]
 
 
-def host_copy(cache, pin):
-    """A host cache like `cache` (pinned when a GPU is present), filled from it."""
-    host = torch.empty(cache.shape, dtype=cache.dtype, pin_memory=pin)
-    host.copy_(cache)
-    return host
-
-
-def pack_unpack(table, device, ceil, dry, max_kv_gib, deadline):
-    num_pages, moved = (64, 16) if dry else (1024, 256)
-    cache = llama_pages(dry, device, num_pages)
-    ids = torch.randperm(num_pages, device=device)[:moved]
-    nbytes = moved * cache[0].numel() * cache.element_size()
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    contiguous = timing.median_seconds([lambda: dst.copy_(src)], device)
-    layers = cache.shape[1]
-    for quant in (None, "fp8"):
-        buf, scales = tk.pack_blocks(cache, ids, 0, layers, quant)
-        packed = buf.numel() * buf.element_size() + scales.numel() * 4
-        calls = {"pack": lambda: tk.pack_blocks(cache, ids, 0, layers, quant),
-                 "unpack": lambda: tk.unpack_blocks(buf, scales, cache, ids, 0, layers)}
-        for direction, fn in calls.items():
-            seconds = timing.median_seconds([fn], device)
-            moved_bytes = nbytes + packed  # read one side, write the other
-            table.add("pack/unpack", f"{direction} {quant or 'bf16' if not dry else quant or 'fp32'} "
-                      f"{moved} pages", moved_bytes / seconds / 1e9, "GB/s r+w", moved_bytes / seconds / ceil["copy"],
-                      f"contiguous copy {2 * nbytes / contiguous / 1e9:.3g} GB/s r+w", contiguous / seconds,
-                      f"{seconds * 1e3:.3f} ms for {nbytes / 2**20:.3g} MiB of cache")
-
-
-def copy_blocks(table, device, ceil, dry, max_kv_gib, deadline):
-    from shadowprefill import ops
-
-    num_pages, moved = (64, 16) if dry else (1024, 256)
-    gpu = llama_pages(dry, device, num_pages)
-    host = host_copy(llama_pages(dry, device, num_pages), pin=device.type == "cuda")
-    nbytes = moved * gpu[0].numel() * gpu.element_size()
-    for ids_kind in ("random", "consecutive"):
-        if ids_kind == "random":
-            src_ids, dst_ids = torch.randperm(num_pages)[:moved], torch.randperm(num_pages)[:moved]
-        else:
-            src_ids, dst_ids = torch.arange(moved), torch.arange(moved) + (num_pages - moved)
-        for direction, (src, dst) in (("d2h", (gpu, host)), ("h2d", (host, gpu))):
-            seconds = timing.median_seconds([lambda: ops.copy_blocks(src, dst, src_ids, dst_ids)], device,
-                                            graph=False)
-            rate = nbytes / seconds
-            peer = ceil.get(direction)
-            table.add("copy_blocks", f"{direction} {ids_kind} {moved} pages", rate / 1e9, "GB/s", None,
-                      f"contiguous pinned {peer / 1e9:.1f} GB/s" if peer else "", rate / peer if peer else None,
-                      f"{seconds * 1e3:.3f} ms for {nbytes / 2**20:.3g} MiB")
+def tile_sweep(table, device, ceil, dry, deadline, results):
+    """Other tiles on the main shapes, while time remains (launch.parse_tile syntax; the first of each list
+    is the default)."""
+    cfg = Config(dry)
+    prefill_shapes = [(64, 32)] if dry else [(32768, 2048), (32768, 256)]
+    prefill_tiles = ["32x32w4s3", "16x16w4s3"] if dry else SWEEP_PREFILL
+    for context, chunk in prefill_shapes:
+        for spec in prefill_tiles:
+            if time.time() > deadline:
+                table.add("tile sweep", f"chunk {chunk} on ctx {context} tiles prefill={spec}", None, "",
+                          note="skipped: time budget")
+                continue
+            time_prefill(table, "tile sweep", device, cfg, context, chunk, ceil, {}, peers=False,
+                         tiles={"prefill": spec})
+    batch, context = (2, 64) if dry else (64, 8192)
+    kv = batch * context * cfg.token_kv_bytes
+    copies = timing.rotation_count(kv, timing.l2_bytes(device))
+    seqs = [(context - 1, 1)] * batch
+    pool = cfg.pool(copies * batch * -(-context // cfg.block_size), device)
+    problems = paged_problems(pool, seqs, copies, cfg, device)
+    for spec in (["16x16w4s3"] if dry else SWEEP_DECODE):
+        if time.time() > deadline:
+            table.add("tile sweep", f"decode {batch} x {context} tiles decode={spec}", None, "",
+                      note="skipped: time budget")
+            continue
+        tiles = {"decode": spec}
+        seconds = timing.median_seconds(attention_calls(pool, problems, cfg, tiles), device)
+        table.add("tile sweep", f"decode {batch} x {context} tiles decode={spec}", kv / seconds / 1e9, "GB/s KV",
+                  kv / seconds / ceil["copy"], note=f"{seconds * 1e6:.1f} us; {plan_note(seqs, cfg, device, tiles)}")

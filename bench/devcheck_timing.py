@@ -1,14 +1,19 @@
-"""Timing, ceilings and the result table of bench/device_check.py.
+"""Timing, ceilings, the streamed result table and the goal verdicts of bench/device_check.py.
 
 GPU timing follows the usual method: warm up (compilation, allocator), capture the calls in a CUDA graph
 when possible (no launch gaps), time replays with CUDA events, report the median. Callers pass a list of
 calls over distinct inputs whose bytes together exceed the L2 cache (rotating inputs), so repeated runs do
 not measure the cache. On the CPU (--dry-run) the same code times with perf_counter.
+
+Every row is appended to OUT/rows.jsonl and OUT/device_check.md and flushed the moment it is measured, and
+every verdict to OUT/verdicts.txt, so a run stopped by its timeout (or a hang) loses nothing measured.
 """
+import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, TextIO
 
 import torch
 
@@ -124,21 +129,83 @@ class Row:
     note: str = ""
 
 
+HEADER = ["section", "case", "value", "unit", "vs ceiling", "peer", "vs peer", "note"]
+
+
 @dataclass
 class Table:
+    """Rows as they are measured: printed, and with `out` set appended (and flushed) to out/rows.jsonl and
+    out/device_check.md; verdicts likewise to out/verdicts.txt."""
+    out: Optional[str] = None
+    dry: bool = False  # a dry run: speed verdicts are not given (its numbers mean nothing)
     rows: List[Row] = field(default_factory=list)
+    verdicts: List[str] = field(default_factory=list)
+    _files: dict = field(default_factory=dict)
+    _md_header: bool = False  # a table header is due before the next markdown row
+
+    def __post_init__(self):
+        if self.out:  # a fresh run: files from an earlier one would mix in
+            os.makedirs(self.out, exist_ok=True)
+            for name in ("device_check.md", "rows.jsonl", "verdicts.txt"):
+                if os.path.exists(os.path.join(self.out, name)):
+                    os.remove(os.path.join(self.out, name))
+
+    def _file(self, name: str) -> Optional[TextIO]:
+        if not self.out:
+            return None
+        if name not in self._files:
+            self._files[name] = open(os.path.join(self.out, name), "a", buffering=1)
+        return self._files[name]
+
+    def note(self, text: str) -> None:
+        """A free line in the markdown file (section headers, environment)."""
+        print(text, flush=True)
+        f = self._file("device_check.md")
+        if f:
+            f.write(("\n" if self._md_header else "") + text + "\n\n")
+            f.flush()
+        self._md_header = False
 
     def add(self, *args, **kwargs) -> Row:
         row = Row(*args, **kwargs)
         self.rows.append(row)
         print(f"  {_cells(row)}", flush=True)
+        md = self._file("device_check.md")
+        if md:
+            if not self._md_header:
+                md.write("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER) + "\n")
+                self._md_header = True
+            md.write("| " + " | ".join(_cells(row).split(" ; ")) + " |\n")
+            md.flush()
+        js = self._file("rows.jsonl")
+        if js:
+            js.write(json.dumps({**row.__dict__, "time": round(time.time(), 1)}) + "\n")
+            js.flush()
         return row
 
+    def verdict(self, goal: str, passed: Optional[bool], detail: str, speed: bool = True) -> str:
+        """PASS / FAIL / UNMEASURED line for one goal (DRY-RUN for speed goals of a dry run)."""
+        word = "UNMEASURED" if passed is None else ("PASS" if passed else "FAIL")
+        if speed and self.dry:
+            word = "DRY-RUN"
+        line = f"VERDICT {word:<10} {goal}: {detail}"
+        self.verdicts.append(line)
+        print(line, flush=True)
+        f = self._file("verdicts.txt")
+        if f:
+            f.write(line + "\n")
+            f.flush()
+        return line
+
     def render(self) -> str:
-        header = ["section", "case", "value", "unit", "vs ceiling", "peer", "vs peer", "note"]
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
         lines += ["| " + " | ".join(_cells(r).split(" ; ")) + " |" for r in self.rows]
         return "\n".join(lines)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
 
 def _fmt(x: Optional[float], digits: int = 3) -> str:

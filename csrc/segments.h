@@ -6,6 +6,7 @@
 // merged into one copy (DESIGN.md §3: consecutive block ids merge into one copy).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -74,6 +75,35 @@ inline std::vector<CopyRun> build_runs(const SegmentArgs& a) {
     prev_d = d;
   }
   return runs;
+}
+
+// The CUDA path's choice per run (by bytes, not by run count): the copy engine (one cudaMemcpyAsync per
+// run) reaches full bandwidth once a run amortises the ~2-5 us a call costs, so large runs always go
+// there; small runs go to one gather kernel when there are at least `kernel_min_runs` of them and both
+// sides are device-addressable. Returns 1 for each run the kernel takes.
+inline std::vector<std::uint8_t> kernel_run_mask(const std::vector<CopyRun>& runs, std::int64_t kernel_max_run_bytes,
+                                                 std::int64_t kernel_min_runs, bool addressable) {
+  std::vector<std::uint8_t> mask(runs.size(), 0);
+  if (!addressable) return mask;
+  std::int64_t small = 0;
+  for (const CopyRun& r : runs) small += r.bytes < kernel_max_run_bytes;
+  if (small == 0 || small < kernel_min_runs) return mask;
+  for (std::size_t i = 0; i < runs.size(); ++i) mask[i] = runs[i].bytes < kernel_max_run_bytes;
+  return mask;
+}
+
+// The kernel's work list: the selected runs cut into chunks of at most chunk_bytes (one CTA each), so a
+// long run is spread over many CTAs and a short one costs one.
+inline std::vector<CopyRun> kernel_chunks(const std::vector<CopyRun>& runs, const std::vector<std::uint8_t>& mask,
+                                          std::int64_t chunk_bytes) {
+  std::vector<CopyRun> chunks;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!mask[i]) continue;
+    for (std::int64_t off = 0; off < runs[i].bytes; off += chunk_bytes)
+      chunks.push_back({runs[i].src + static_cast<std::uintptr_t>(off), runs[i].dst + static_cast<std::uintptr_t>(off),
+                        std::min(chunk_bytes, runs[i].bytes - off)});
+  }
+  return chunks;
 }
 
 }  // namespace shadowprefill

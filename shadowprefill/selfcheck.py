@@ -1,9 +1,11 @@
 """Ops self-check: `shadowprefill selfcheck` (or `python -m shadowprefill.selfcheck`).
 
 On the available device (CUDA if present, else CPU) it builds a small paged pool, writes a mixed
-decode/prefill batch with write_kv, runs paged_attention against a float64 dense reference, spills and
-reloads pages with copy_blocks (device <-> host), packs/unpacks with and without fp8, and prints one table:
-op | check | max error | throughput. Exit status 1 when a check fails.
+decode/prefill batch with write_kv, runs paged_attention against the float64 reference
+(shadowprefill.ops.reference.dense_attention), repeats both on a vLLM-layout copy of the cache with
+write_kv_cache / paged_attention_kv, spills and reloads pages with copy_blocks (device <-> host),
+packs/unpacks with and without fp8, and prints one table: op | check | max error | throughput. Exit status
+1 when a check fails.
 """
 import math
 import sys
@@ -12,6 +14,7 @@ import time
 import torch
 
 from shadowprefill import ops
+from shadowprefill.ops import reference
 from shadowprefill.kv import KVCacheSpec
 
 # (cached context, new tokens): decodes, a prefill chunk on cached context, a fresh prefill
@@ -31,18 +34,6 @@ def timed(fn, device, repeats=5):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
-
-
-def dense_attention_fp64(q, keys, values, scale):
-    """Causal attention of q [n_q, Hq, D] over keys/values [n_k, Hkv, D] (the last n_q keys are q's own)."""
-    group = q.shape[1] // keys.shape[1]
-    k = keys.double().repeat_interleave(group, dim=1).transpose(0, 1)      # [Hq, n_k, D]
-    v = values.double().repeat_interleave(group, dim=1).transpose(0, 1)
-    n_q, n_k = q.shape[0], keys.shape[0]
-    mask = torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None]
-    o = torch.nn.functional.scaled_dot_product_attention(q.double().transpose(0, 1), k, v, attn_mask=mask,
-                                                         scale=scale)
-    return o.transpose(0, 1)
 
 
 def run(device: torch.device):
@@ -87,13 +78,28 @@ def run(device: torch.device):
     worst, ok, flops = 0.0, bool(torch.isfinite(out).all()), 0
     for s, (context, n) in enumerate(BATCH):
         tokens = slice(int(token_start[s]), int(token_start[s + 1]))
-        ref = dense_attention_fp64(q[cu[s]:cu[s + 1]].cpu(), keys[tokens].cpu(), values[tokens].cpu(), scale)
+        ref = reference.dense_attention(q[cu[s]:cu[s + 1]].cpu(), keys[tokens].cpu(), values[tokens].cpu(), scale)
         error = (out[cu[s]:cu[s + 1]].cpu().double() - ref).abs()
         worst = max(worst, float(error.max()))
         ok = ok and bool((error <= tolerance * (1 + ref.abs())).all())
         flops += 4 * num_q_heads * spec.head_dim * sum(context + i + 1 for i in range(n))
     seconds = timed(lambda: ops.paged_attention(*args, out=out), device)
     rows.append(("paged_attention", ok, worst, flops / seconds / 1e12, "TFLOP/s"))
+
+    # the same on a vLLM-layout cache ([2, num_blocks, block_size, Hkv, D], per layer): write, then attend
+    vllm = torch.full((2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim), float("nan"),
+                      dtype=dtype, device=device)
+    ops.write_kv_cache(keys, values, vllm[0], vllm[1], slots_dev)
+    exact = (torch.equal(vllm[0].flatten(0, 1)[slots_dev], keys)
+             and torch.equal(vllm[1].flatten(0, 1)[slots_dev], values))
+    seconds = timed(lambda: ops.write_kv_cache(keys, values, vllm[0], vllm[1], slots_dev), device)
+    rows.append(("write_kv_cache (vLLM)", exact, 0.0, 2 * keys.numel() * keys.element_size() / seconds / 1e9, "GB/s"))
+    kv_args = (q, vllm[0], vllm[1]) + args[3:]
+    out_kv = ops.paged_attention_kv(*kv_args, out=torch.full_like(q, float("nan")))
+    diff = (out_kv.float() - out.float()).abs()  # the same kernel family on other strides
+    same = bool(torch.isfinite(out_kv).all()) and bool((diff <= tolerance * (1 + out.float().abs())).all())
+    seconds = timed(lambda: ops.paged_attention_kv(*kv_args, out=out_kv), device)
+    rows.append(("paged_attention_kv (vLLM)", same and ok, float(diff.max()), flops / seconds / 1e12, "TFLOP/s"))
 
     # copy_blocks: spill used pages to host memory, reload them into other pages of the pool
     host = spec.allocate(num_blocks, "cpu", pin_memory=device.type == "cuda")
@@ -141,10 +147,11 @@ def main(argv=None) -> int:
     print(f"shadowprefill ops self-check on {device} "
           f"({torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}), torch {torch.__version__}")
     rows = run(device)
-    print(f"{'op':<24}{'check':<8}{'max error':>12}{'throughput':>20}")
+    print(f"{'op':<28}{'check':<8}{'max error':>12}{'throughput':>20}")
     for name, ok, error, rate, unit in rows:
-        print(f"{name:<24}{'ok' if ok else 'FAIL':<8}{error:>12.3g}{rate:>12.4g} {unit:<7}")
-    print("max error: paged_attention vs float64 dense attention (abs); pack/unpack relative to the largest |value|")
+        print(f"{name:<28}{'ok' if ok else 'FAIL':<8}{error:>12.3g}{rate:>12.4g} {unit:<7}")
+    print("max error: paged_attention vs float64 dense attention (abs), paged_attention_kv vs paged_attention "
+          "(abs); pack/unpack relative to the largest |value|")
     return 0 if all(ok for _, ok, *_ in rows) else 1
 
 

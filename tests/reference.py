@@ -1,45 +1,26 @@
-"""Independent float64 references for the op tests.
-
-Written apart from shadowprefill/ops on purpose: they read the cache one token at a time through the block
-table (no page gathers, no reshapes of the page layout), and loop where the ops vectorise.
+"""References for the op tests: the attention reference is shadowprefill.ops.reference (one reference
+for the ops' CPU path, the tests, the self-check and the device check; tests/ops/test_reference.py checks
+it against torch's own attention). Here: float64 block-major adapters, and test-only oracles for the copy
+ops written apart from the ops (explicit loops, no shared code), plus the assertion helpers.
 """
 import torch
 
-FP8_MAX = 448.0  # largest finite float8 e4m3fn value
-
-
-def gather_tokens(kv_cache, layer, kind, table_row, positions):
-    """K (kind 0) or V (kind 1) of the given positions of one sequence, float64 [n, Hkv, D]."""
-    block_size = kv_cache.shape[4]
-    rows = [kv_cache[int(table_row[p // block_size]), layer, kind, :, p % block_size, :] for p in positions]
-    return torch.stack(rows).double()
+from shadowprefill.ops import reference as ops_reference
+from shadowprefill.ops.reference import FP8_MAX
 
 
 def attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, sliding_window=None, softcap=None):
-    """Causal attention of every query token, float64 [T, Hq, D], computed one query at a time."""
-    out = torch.full(q.shape, float("nan"), dtype=torch.float64)
-    num_q_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
-    kv_head_of = [h * num_kv_heads // num_q_heads for h in range(num_q_heads)]
-    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
-    table = block_table.cpu()
-    cache = kv_cache.cpu()
-    for s, seq_len in enumerate(lens):
-        q_len = cu[s + 1] - cu[s]
-        if q_len == 0:
-            continue
-        all_keys = gather_tokens(cache, layer, 0, table[s], range(seq_len))    # [seq_len, Hkv, D]
-        all_values = gather_tokens(cache, layer, 1, table[s], range(seq_len))
-        for i in range(q_len):
-            pos = seq_len - q_len + i
-            visible = [j for j in range(pos + 1) if sliding_window is None or j > pos - sliding_window]
-            keys = all_keys[visible][:, kv_head_of]                               # [n, Hq, D]
-            values = all_values[visible][:, kv_head_of]
-            logits = torch.einsum("nhd,hd->hn", keys, q[cu[s] + i].cpu().double()) * scale
-            if softcap is not None:
-                logits = softcap * torch.tanh(logits / softcap)
-            weights = torch.exp(logits - logits.max(dim=1, keepdim=True).values)
-            out[cu[s] + i] = torch.einsum("hn,nhd->hd", weights / weights.sum(dim=1, keepdim=True), values)
-    return out
+    """float64 [T, Hq, D] of every query token, on the CPU."""
+    return ops_reference.paged_attention(q.cpu(), kv_cache.cpu(), layer, block_table.cpu(), cu_seqlens_q.cpu(),
+                                         seq_lens.cpu(), scale, sliding_window, softcap, dtype=torch.float64)
+
+
+def attention_kv(q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, scale, sliding_window=None,
+                 softcap=None):
+    """float64 [T, Hq, D] over K/V views of any layout, on the CPU."""
+    return ops_reference.paged_attention_kv(q.cpu(), key_cache.cpu(), value_cache.cpu(), block_table.cpu(),
+                                            cu_seqlens_q.cpu(), seq_lens.cpu(), scale, sliding_window, softcap,
+                                            dtype=torch.float64)
 
 
 def write_kv(kv_cache, key, value, layer, slot_mapping):

@@ -1,7 +1,9 @@
-"""Paged attention over the block-major KV cache: one kernel for any mix of decodes and prefill chunks.
+"""Paged attention over any engine's KV layout: one kernel for any mix of decodes and prefill chunks.
 
-Cache layout (DESIGN.md §3): kv_cache[num_blocks, num_layers, 2, Hkv, block_size, D]; token j of sequence s
-lives in page block_table[s, j // block_size] at row j % block_size of the (layer, K/V, head) tile.
+K and V are two views key_cache / value_cache [num_blocks, block_size, Hkv, D] with any strides but a
+contiguous last dimension (vLLM's kv[0] / kv[1], FlashInfer NHD / HND, this project's block-major page
+kv_cache[:, layer, 0 / 1].transpose(1, 2); DESIGN.md §3-4): token j of sequence s lives in page
+block_table[s, j // block_size] at row j % block_size.
 
 A program takes one query tile (block_q consecutive tokens of one sequence, times the query heads of one KV
 head: GQA packing) and walks the keys in three ranges so that only boundary tiles pay for masks:
@@ -10,8 +12,11 @@ head: GQA packing) and walks the keys in three ranges so that only boundary tile
   [full_hi, kv_end)   the causal diagonal and the unwritten tail of the page   (masked)
 Keys past the last query of the tile are never loaded (causal tile skipping). Masked loads use other=0,
 so a NaN in the unwritten tail of the last page never reaches the arithmetic.
-With NUM_SPLITS > 1 (attention_split.py) the key range is cut into NUM_SPLITS pieces, program_id(2) picks
-one, and the program writes an unnormalised partial result plus its log-sum-exp for the reduce kernel.
+With SPLIT (attention_split.py) the key range is cut into num_splits pieces and the program writes its
+piece's partial result plus its log-sum-exp for the reduce kernel.
+The grid is flat: program id -> (query tile, KV head, split), tiles in reverse order, so a causal prefill
+without context starts its longest tiles (the last queries see the most keys) first and the short ones
+fill the tail of the wave.
 """
 import torch
 import triton
@@ -23,9 +28,8 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
-def _find_query_tile(cu_seqlens_q_ptr, num_seqs, BLOCK_Q: tl.constexpr):
-    """(sequence, tile index) of this program: the largest s with cu_q[s] // BLOCK_Q + s <= program id."""
-    pid = tl.program_id(0)
+def _find_query_tile(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
+    """(sequence, tile index) of query tile `pid`: the largest s with cu_q[s] // BLOCK_Q + s <= pid."""
     lo = 0
     hi = num_seqs
     while lo < hi:
@@ -40,11 +44,24 @@ def _find_query_tile(cu_seqlens_q_ptr, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _load_pages(block_table_row, start, key_hi, kv_valid_lo, seq_len, BLOCK_N: tl.constexpr,
+                BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    """Page id of each key of the tile at `start`: MASKED, of the keys in [kv_valid_lo, seq_len) (the mask
+    of the K/V loads); else of the keys before key_hi (whole tiles of valid keys). 0 elsewhere."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        ok = (offs_n < seq_len) & (offs_n >= kv_valid_lo)
+    else:
+        ok = offs_n < key_hi
+    return tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=ok, other=0)
+
+
+@triton.jit
 def _attend_keys(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_lo, key_hi, kv_valid_lo, seq_len,
-                 query_pos, qk_scale, softcap, window, stride_kb, stride_kt,
+                 query_pos, qk_scale, softcap, window, stride_kb, stride_kt, stride_vb, stride_vt,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, USE_WINDOW: tl.constexpr,
-                 USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 USE_SOFTCAP: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online-softmax accumulation of the keys [key_lo, key_hi) (key_lo a multiple of BLOCK_N).
 
     MASKED: loads only keys in [kv_valid_lo, seq_len) and applies the causal / window mask per row;
@@ -52,22 +69,30 @@ def _attend_keys(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_lo, key_
     """
     offs_d = tl.arange(0, HEAD_DIM_P)
     d_ok = offs_d < HEAD_DIM
-    for start in range(key_lo, key_hi, BLOCK_N):
+    # Page ids are fetched one key tile ahead into registers (a loop-carried value), so the K/V loads of a
+    # tile depend on no load of the same iteration: the software pipeliner then keeps num_stages - 1 K/V
+    # tiles in flight instead of spending a stage on the block-table gather.
+    page_next = _load_pages(block_table_row, key_lo, key_hi, kv_valid_lo, seq_len, BLOCK_N, BLOCK_SIZE, MASKED)
+    for start in range(key_lo, key_hi, BLOCK_N):  # one key tile per step
         offs_n = start + tl.arange(0, BLOCK_N)
+        page = page_next.to(tl.int64)
+        page_next = _load_pages(block_table_row, start + BLOCK_N, key_hi, kv_valid_lo, seq_len, BLOCK_N,
+                                BLOCK_SIZE, MASKED)
         if MASKED:
             n_ok = (offs_n < seq_len) & (offs_n >= kv_valid_lo)
-            page = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        in_page = (offs_n % BLOCK_SIZE).to(tl.int64)
+        k_offs = (page * stride_kb + in_page * stride_kt)[:, None] + offs_d[None, :]  # int64 page offsets
+        if SAME_KV_STRIDES:
+            v_offs = k_offs
         else:
-            page = tl.load(block_table_row + offs_n // BLOCK_SIZE).to(tl.int64)
-        row = page * stride_kb + (offs_n % BLOCK_SIZE).to(tl.int64) * stride_kt  # int64 page offsets
-        kv_offs = row[:, None] + offs_d[None, :]
+            v_offs = (page * stride_vb + in_page * stride_vt)[:, None] + offs_d[None, :]
         if MASKED:
             kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_base + kv_offs, mask=kv_mask, other=0.0)
+            k = tl.load(k_base + k_offs, mask=kv_mask, other=0.0)
         elif HEAD_DIM != HEAD_DIM_P:
-            k = tl.load(k_base + kv_offs, mask=d_ok[None, :], other=0.0)
+            k = tl.load(k_base + k_offs, mask=d_ok[None, :], other=0.0)
         else:
-            k = tl.load(k_base + kv_offs)
+            k = tl.load(k_base + k_offs)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if USE_SOFTCAP:
             # softcap * tanh(scale * q.k / softcap), tanh(x) = 1 - 2 / (e^{2x} + 1); then base 2
@@ -86,11 +111,11 @@ def _attend_keys(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_lo, key_
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
-            v = tl.load(v_base + kv_offs, mask=kv_mask, other=0.0)
+            v = tl.load(v_base + v_offs, mask=kv_mask, other=0.0)
         elif HEAD_DIM != HEAD_DIM_P:
-            v = tl.load(v_base + kv_offs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_base + v_offs, mask=d_ok[None, :], other=0.0)
         else:
-            v = tl.load(v_base + kv_offs)
+            v = tl.load(v_base + v_offs)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -98,16 +123,22 @@ def _attend_keys(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_lo, key_
 
 @triton.jit
 def paged_attention_kernel(
-        q_ptr, kv_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-        num_seqs, layer_offset, qk_scale, softcap, window, q_len_min, q_len_max,
-        stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_kv, stride_kh, stride_kt,
-        stride_bt, stride_pt, stride_ph, stride_ps,
+        q_ptr, k_ptr, v_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+        num_seqs, num_kv_heads, num_splits, qk_scale, softcap, window, q_len_min, q_len_max,
+        stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+        stride_vh, stride_bt, stride_pt, stride_ph, stride_ps,
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
-        BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
+        SAME_KV_STRIDES: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
-    seq, tile = _find_query_tile(cu_seqlens_q_ptr, num_seqs, BLOCK_Q)
-    kv_head = tl.program_id(1)
+    # flat program id -> (query tile, kv head, split), longest-first: the last tile of the grid runs first
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    if SPLIT:
+        split = pid % num_splits
+        pid = pid // num_splits
+    kv_head = pid % num_kv_heads
+    seq, tile = _find_query_tile(cu_seqlens_q_ptr, num_seqs, pid // num_kv_heads, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if (tile * BLOCK_Q >= q_len) | (q_len < q_len_min) | (q_len > q_len_max):
@@ -140,39 +171,40 @@ def paged_attention_kernel(
     lo = (kv_start // BLOCK_N) * BLOCK_N
     full_lo = tl.maximum(lo, tl.minimum(full_lo, tl.cdiv(kv_end, BLOCK_N) * BLOCK_N))
     full_hi = tl.maximum(full_lo, ((first + 1) // BLOCK_N) * BLOCK_N)
-    if NUM_SPLITS > 1:  # this program's share of [lo, kv_end), in whole key tiles
-        split = tl.program_id(2)
-        tiles_per_split = tl.cdiv(tl.cdiv(kv_end - lo, BLOCK_N), NUM_SPLITS)
+    if SPLIT:  # this program's share of [lo, kv_end), in whole key tiles
+        tiles_per_split = tl.cdiv(tl.cdiv(kv_end - lo, BLOCK_N), num_splits)
         split_lo = lo + split * tiles_per_split * BLOCK_N
         split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, kv_end)
     else:
         split_lo = lo
         split_hi = kv_end
 
-    k_base = kv_ptr + layer_offset + kv_head.to(tl.int64) * stride_kh
-    v_base = k_base + stride_kv
+    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
     block_table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a row with no key yet stays NaN-free
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
-    if USE_WINDOW:
+    if USE_WINDOW:  # keys some row cannot see because of the window
         acc, m_i, l_i = _attend_keys(
             acc, m_i, l_i, q, k_base, v_base, block_table_row, tl.maximum(lo, split_lo),
             tl.minimum(full_lo, split_hi), kv_start, seq_len, query_pos, qk_scale, softcap, window, stride_kb,
-            stride_kt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, True, USE_WINDOW, USE_SOFTCAP,
-            DOT_PRECISION)
-    acc, m_i, l_i = _attend_keys(
+            stride_kt, stride_vb, stride_vt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, True, USE_WINDOW,
+            USE_SOFTCAP, SAME_KV_STRIDES, DOT_PRECISION)
+    acc, m_i, l_i = _attend_keys(  # keys every row sees: no masks
         acc, m_i, l_i, q, k_base, v_base, block_table_row, tl.maximum(full_lo, split_lo),
         tl.minimum(full_hi, split_hi), kv_start, seq_len, query_pos, qk_scale, softcap, window, stride_kb,
-        stride_kt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, False, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION)
-    acc, m_i, l_i = _attend_keys(
+        stride_kt, stride_vb, stride_vt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, False, USE_WINDOW,
+        USE_SOFTCAP, SAME_KV_STRIDES, DOT_PRECISION)
+    acc, m_i, l_i = _attend_keys(  # the causal diagonal and the unwritten tail of the last page
         acc, m_i, l_i, q, k_base, v_base, block_table_row, tl.maximum(full_hi, split_lo),
         tl.minimum(kv_end, split_hi), kv_start, seq_len, query_pos, qk_scale, softcap, window, stride_kb,
-        stride_kt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION)
+        stride_kt, stride_vb, stride_vt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, True, USE_WINDOW,
+        USE_SOFTCAP, SAME_KV_STRIDES, DOT_PRECISION)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    if NUM_SPLITS > 1:
+    if SPLIT:
         # partial result of this split, normalised by its own sum, with lse = m + log2(l) in base 2
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         part_row = token * stride_pt + q_head.to(tl.int64) * stride_ph + split * stride_ps
@@ -183,18 +215,18 @@ def paged_attention_kernel(
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
-def launch_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_table: torch.Tensor,
-                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
-                     sliding_window: int, softcap: float, plan: launch.AttentionLaunch,
+def launch_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                     out: torch.Tensor, sliding_window: int, softcap: float, plan: launch.AttentionLaunch,
                      part_out: torch.Tensor = None, part_lse: torch.Tensor = None) -> None:
     """Enqueue one launch of `plan` (no host sync). With plan.num_splits > 1 it writes part_out
     [T, Hq, splits, D] float32 and part_lse [T, Hq, splits] instead of `out`."""
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[4]
+    _, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = block_table.shape[0]
     tile = plan.tile
     splits = plan.num_splits
-    grid = (launch.num_query_tiles(num_tokens, num_seqs, tile.block_q), num_kv_heads, splits)
+    grid = (launch.num_query_tiles(num_tokens, num_seqs, tile.block_q) * num_kv_heads * splits,)
     if splits == 1:
         part_out = part_lse = out  # unused by the kernel in this case
         part_strides = (0, 0, 0)
@@ -203,50 +235,65 @@ def launch_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_
     use_softcap = softcap > 0.0
     qk_scale = scale if use_softcap else scale * LOG2_E
     dot_precision = "tf32x3" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+    k_strides = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2))
+    v_strides = (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))
     paged_attention_kernel[grid](
-        q, kv_cache, block_table, cu_seqlens_q, seq_lens, out, part_out, part_lse,
-        num_seqs, layer * kv_cache.stride(1), qk_scale, float(softcap), int(sliding_window),
+        q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, out, part_out, part_lse,
+        num_seqs, num_kv_heads, splits, qk_scale, float(softcap), int(sliding_window),
         plan.q_len_min, plan.q_len_max,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3), kv_cache.stride(4),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_strides, *v_strides,
         block_table.stride(0), *part_strides,
         HEAD_DIM=head_dim, HEAD_DIM_P=tile.head_dim_padded, GROUP=num_q_heads // num_kv_heads,
         GROUP_P=tile.group_padded, BLOCK_Q=tile.block_q, BLOCK_N=tile.block_n, BLOCK_SIZE=block_size,
-        NUM_SPLITS=splits, USE_WINDOW=sliding_window > 0, USE_SOFTCAP=use_softcap,
-        DOT_PRECISION=dot_precision, num_warps=tile.num_warps, num_stages=tile.num_stages)
+        SPLIT=splits > 1, SAME_KV_STRIDES=k_strides == v_strides, USE_WINDOW=sliding_window > 0,
+        USE_SOFTCAP=use_softcap, DOT_PRECISION=dot_precision, num_warps=tile.num_warps,
+        num_stages=tile.num_stages)
+
+
+def plan(q: torch.Tensor, key_cache: torch.Tensor, block_table: torch.Tensor, tiles=None) -> list:
+    """launch.plan_attention for these tensors (shapes only)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    return launch.plan_attention(num_tokens, block_table.shape[0], head_dim, num_q_heads // num_kv_heads,
+                                 num_kv_heads, block_table.shape[1] * block_size, q.dtype,
+                                 launch.device_limits(q.device), tiles)
+
+
+def paged_attention_kv(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                       block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                       out: torch.Tensor, sliding_window: int = 0, softcap: float = 0.0, tiles=None) -> None:
+    """Write attention of q [T, Hq, D] over the paged key_cache / value_cache [num_blocks, block_size, Hkv, D]
+    (any strides, contiguous last dim) into out [T, Hq, D].
+
+    Inputs are validated by shadowprefill.ops (consistent shapes, ids in range). The launches come from
+    launch.plan_attention: shapes only, no device-to-host copy, so the call can be captured in a CUDA
+    graph. sliding_window 0 and softcap 0.0 mean off. `tiles` overrides the tile of the "decode" and/or
+    "prefill" launches (e.g. {"prefill": "128x32w8s3"}; see launch.parse_tile) for tile sweeps.
+    """
+    from . import attention_split  # the reduce step of split launches
+
+    if q.shape[0] == 0:
+        return
+    _check_supported(q.shape[2])
+    for p in plan(q, key_cache, block_table, tiles):
+        if p.num_splits == 1:
+            launch_attention(q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, scale, out,
+                             sliding_window, softcap, p)
+        else:
+            part_out, part_lse = attention_split.allocate_partials(q, p.num_splits)
+            launch_attention(q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, scale, out,
+                             sliding_window, softcap, p, part_out, part_lse)
+            attention_split.reduce_splits(part_out, part_lse, out)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
-                    sliding_window: int = 0, softcap: float = 0.0) -> None:
-    """Write attention of q [T, Hq, D] over layer `layer` of the paged kv_cache into out [T, Hq, D].
-
-    Inputs are validated by shadowprefill.ops (contiguous, consistent shapes, ids in range). The launches
-    come from launch.plan_attention: shapes only, no device-to-host copy, so the call can be captured in
-    a CUDA graph. sliding_window 0 and softcap 0.0 mean off.
-    """
-    from . import attention_split  # the reduce step of split launches
-
-    num_tokens, num_q_heads, head_dim = q.shape
-    if num_tokens == 0:
-        return
-    _check_supported(kv_cache)
-    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[4]
-    plans = launch.plan_attention(num_tokens, block_table.shape[0], head_dim, num_q_heads // num_kv_heads,
-                                  num_kv_heads, block_table.shape[1] * block_size, q.dtype,
-                                  launch.sm_count(q.device))
-    for plan in plans:
-        if plan.num_splits == 1:
-            launch_attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, out,
-                             sliding_window, softcap, plan)
-        else:
-            part_out, part_lse = attention_split.allocate_partials(q, plan.num_splits)
-            launch_attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, out,
-                             sliding_window, softcap, plan, part_out, part_lse)
-            attention_split.reduce_splits(part_out, part_lse, out)
+                    sliding_window: int = 0, softcap: float = 0.0, tiles=None) -> None:
+    """paged_attention_kv over layer `layer` of the block-major kv_cache [num_blocks, L, 2, Hkv, bs, D]."""
+    paged_attention_kv(q, kv_cache[:, layer, 0].transpose(1, 2), kv_cache[:, layer, 1].transpose(1, 2),
+                       block_table, cu_seqlens_q, seq_lens, scale, out, sliding_window, softcap, tiles)
 
 
-def _check_supported(kv_cache: torch.Tensor) -> None:
-    head_dim = kv_cache.shape[5]
+def _check_supported(head_dim: int) -> None:
     if head_dim > 256:  # the tiles of launch.attention_tile stop fitting registers / shared memory
-        raise ValueError(f"kv_cache: head_dim {head_dim} > 256 is not supported by the Triton kernels")
+        raise ValueError(f"head_dim {head_dim} > 256 is not supported by the Triton kernels")

@@ -20,8 +20,15 @@ FP8_MAX = 448.0
 
 
 @triton.jit
+def _scale_of(amax):
+    """amax / 448 rounded to nearest (div.rn.f32, as torch divides), 1 where amax is 0."""
+    return tl.where(amax > 0.0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+
+
+@triton.jit
 def _quantise(x, scale, SOFT_FP8: tl.constexpr):
-    y = x / scale[:, None]
+    # exact division: `/` lowers to the approximate div.full.f32 (up to 2 ulp off torch's quotient)
+    y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
     y = tl.where(y > 448.0, 448.0, tl.where(y < -448.0, -448.0, y))  # NaN passes through as NaN
     if SOFT_FP8:  # one return: the compiler type-checks every return, even in a dead constexpr branch
         q = fp8.encode_e4m3(y)
@@ -51,7 +58,7 @@ def pack_kernel(kv_ptr, block_ids_ptr, buf_ptr, scale_ptr, layer_offset, stride_
         mask = u_ok[:, None] & (offs_e < UNIT)[None, :]
         x = tl.load(src + offs_e[None, :], mask=mask, other=0.0).to(tl.float32)
         amax = tl.max(tl.where(tl.abs(x) < float("inf"), tl.abs(x), 0.0), 1)  # NaN/inf left out
-        scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
+        scale = _scale_of(amax)
         tl.store(scale_ptr + packed_unit, scale, mask=u_ok)
         tl.store(dst + offs_e[None, :], _quantise(x, scale, SOFT_FP8), mask=mask)
     else:  # unit larger than one tile: an amax pass, then a quantise pass (second read mostly from L2)
@@ -61,7 +68,7 @@ def pack_kernel(kv_ptr, block_ids_ptr, buf_ptr, scale_ptr, layer_offset, stride_
             mask = u_ok[:, None] & (e < UNIT)[None, :]
             x = tl.load(src + e[None, :], mask=mask, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.max(tl.where(tl.abs(x) < float("inf"), tl.abs(x), 0.0), 1))
-        scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
+        scale = _scale_of(amax)
         tl.store(scale_ptr + packed_unit, scale, mask=u_ok)
         for c in tl.static_range(NUM_CHUNKS):
             e = c * CHUNK + offs_e

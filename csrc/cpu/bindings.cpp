@@ -34,4 +34,22 @@ PYBIND11_MODULE(_C, m) {
     shadowprefill::SegmentArgs a{1, 1, src_ids_ptr, dst_ids_ptr, n, stride, stride, 0, 0, stride, -1, -1};
     return static_cast<std::int64_t>(shadowprefill::build_runs(a).size());
   }, "Number of merged copies a page list of this stride turns into (for tests and benchmarks).");
+  m.def(
+      "copy_path",
+      [](std::uintptr_t src_ids_ptr, std::uintptr_t dst_ids_ptr, std::int64_t n, std::int64_t page_bytes,
+         std::int64_t kernel_max_run_bytes, std::int64_t kernel_min_runs, std::int64_t chunk_bytes) {
+        shadowprefill::SegmentArgs a{1,          1, src_ids_ptr, dst_ids_ptr, n, page_bytes, page_bytes, 0, 0,
+                                     page_bytes, -1, -1};
+        const auto runs = shadowprefill::build_runs(a);
+        const auto mask = shadowprefill::kernel_run_mask(runs, kernel_max_run_bytes, kernel_min_runs, true);
+        std::int64_t kernel_runs = 0;
+        for (auto m : mask) kernel_runs += m;
+        const auto chunks = shadowprefill::kernel_chunks(runs, mask, chunk_bytes);
+        return py::make_tuple(static_cast<std::int64_t>(runs.size()) - kernel_runs, kernel_runs,
+                              static_cast<std::int64_t>(chunks.size()));
+      },
+      py::arg("src_ids_ptr"), py::arg("dst_ids_ptr"), py::arg("n"), py::arg("page_bytes"),
+      py::arg("kernel_max_run_bytes"), py::arg("kernel_min_runs"), py::arg("chunk_bytes"),
+      "The CUDA path's decision for a page list on device-addressable memory, computed on the host with the "
+      "same code: (runs copied with cudaMemcpyAsync, runs given to the gather kernel, kernel chunks).");
 }

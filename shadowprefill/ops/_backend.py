@@ -3,10 +3,14 @@
 `SHADOWPREFILL_BACKEND` (read at every call, a dict lookup):
   auto       Triton / CUDA on CUDA tensors, the reference implementations on CPU tensors (default);
   reference  plain torch (and the `_C` page copies) on every device;
-  triton     the Triton kernels even on CPU tensors (they run under `TRITON_INTERPRET=1`, which must be
-             set before `shadowprefill.triton_kernels` is first imported).
-`SHADOWPREFILL_DEBUG=1` turns on the value checks (ids in range, ...) for CUDA tensors too; on CPU
-tensors they always run.
+  triton     the Triton kernels even on CPU tensors (they run under `TRITON_INTERPRET=1`, which Triton
+             reads when a kernel is decorated: so on a machine without CUDA, importing shadowprefill.ops
+             sets it when unset, before anything imports Triton; set it yourself if your code imports
+             Triton before shadowprefill).
+Value checks (ids in range, unique destinations, consistent offsets) always run for ops on CPU tensors.
+For ops on CUDA tensors they would cost a device-to-host copy (or host-side torch.unique / isin per call),
+so there only what is free runs by default (ranges of ids the caller already keeps on the host; the CUDA
+copy extension checks its ranges itself) and `SHADOWPREFILL_DEBUG=1` turns on the full checks.
 """
 import importlib
 import os
@@ -14,6 +18,9 @@ import os
 import torch
 
 BACKENDS = ("auto", "reference", "triton")
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before torch's dispatch of the first op imports Triton
 
 _cache = {}
 
@@ -35,7 +42,7 @@ def use_triton(device: torch.device) -> bool:
 
 
 def value_checks_enabled(device: torch.device) -> bool:
-    """Value checks cost a device sync on CUDA, so there they run only with SHADOWPREFILL_DEBUG=1."""
+    """Full value checks for an op computing on `device`: always on the CPU, with SHADOWPREFILL_DEBUG=1 on CUDA."""
     return device.type == "cpu" or os.environ.get("SHADOWPREFILL_DEBUG", "0") == "1"
 
 

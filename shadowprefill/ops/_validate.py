@@ -76,6 +76,30 @@ def kv_cache(x, name: str = "kv_cache") -> torch.Tensor:
     return x
 
 
+def kv_views(key_cache, value_cache) -> tuple:
+    """A K/V pair of paged views [num_blocks, block_size, num_kv_heads, head_dim]: any strides but a
+    contiguous last dimension, equal shapes, dtypes and devices. Returns (num_blocks, block_size, Hkv, D)."""
+    for x, name in ((key_cache, "key_cache"), (value_cache, "value_cache")):
+        tensor(x, name, 4, FLOAT_DTYPES)
+        if x.shape[3] > 1 and x.stride(3) != 1:
+            raise ValueError(f"{name}: the last dimension (head_dim) must be contiguous, got strides "
+                             f"{tuple(x.stride())} for shape {tuple(x.shape)} "
+                             "[num_blocks, block_size, num_kv_heads, head_dim]")
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(f"value_cache: shape {tuple(value_cache.shape)} differs from key_cache shape "
+                         f"{tuple(key_cache.shape)}")
+    same_dtype(value_cache, "value_cache", key_cache.dtype, "key_cache")
+    device(value_cache, "value_cache", key_cache.device, "key_cache")
+    return tuple(key_cache.shape)
+
+
+def distinct_views(key_cache, value_cache) -> None:
+    """A write target pair must not be one and the same view (every write would land twice)."""
+    if (key_cache.numel() and key_cache.data_ptr() == value_cache.data_ptr()
+            and key_cache.stride() == value_cache.stride()):
+        raise ValueError("value_cache: is the same memory as key_cache (pass the K and the V view)")
+
+
 def block_ids(x, name: str, cache_devices: Sequence[torch.device]) -> torch.Tensor:
     """A 1-D int32/int64 id tensor on the CPU or on one of the caches' devices."""
     tensor(x, name, 1, ID_DTYPES)

@@ -11,9 +11,8 @@ import torch
 
 from . import _backend, _validate as check
 from .page_copy import host_ids, page_bytes
+from .reference import FP8, FP8_MAX, dequantize_fp8, quantize_fp8  # noqa: F401 (public names kept here)
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 QUANTS = (None, "fp8")
 
 
@@ -34,25 +33,12 @@ def _segment(kv_cache, layer_start, layer_end):
     return layer_start * layer_bytes, (layer_end - layer_start) * layer_bytes
 
 
-def quantize_fp8(pages: torch.Tensor):
-    """pages [..., block_size, D] -> (e4m3 payload, float32 scales [...]) with one scale per tile."""
-    x = pages.float()
-    amax = x.abs().nan_to_num_(nan=0.0, posinf=0.0).amax(dim=(-2, -1))  # finite values only
-    scales = torch.where(amax > 0, amax / FP8_MAX, 1.0)
-    payload = x.div_(scales[..., None, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-    return payload, scales
-
-
-def dequantize_fp8(payload: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (payload.float() * scales[..., None, None]).to(dtype)
-
-
 @torch.library.custom_op("shadowprefill::pack_blocks", mutates_args=())
 def _pack_blocks_op(kv_cache: torch.Tensor, block_ids: torch.Tensor, layer_start: int, layer_end: int,
                     quant: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
     _check_common(kv_cache, block_ids, layer_start, layer_end)
-    if _backend.value_checks_enabled(block_ids.device):
-        check.ids_in_range(block_ids.cpu(), "block_ids", kv_cache.shape[0])
+    if _backend.value_checks_enabled(kv_cache.device) or block_ids.device.type == "cpu":
+        check.ids_in_range(block_ids.cpu(), "block_ids", kv_cache.shape[0])  # host ids: no sync
     shape = _buf_shape(kv_cache, block_ids, layer_start, layer_end)
     no_scales = kv_cache.new_empty((0,), dtype=torch.float32)
     if shape[0] == 0:
@@ -104,10 +90,11 @@ def _check_unpack(buf, scales, kv_cache, block_ids, layer_start, layer_end):
 def _unpack_blocks_op(buf: torch.Tensor, scales: Optional[torch.Tensor], kv_cache: torch.Tensor,
                       block_ids: torch.Tensor, layer_start: int, layer_end: int) -> None:
     _check_unpack(buf, scales, kv_cache, block_ids, layer_start, layer_end)
-    if _backend.value_checks_enabled(block_ids.device):
-        ids = block_ids.cpu()
+    if _backend.value_checks_enabled(kv_cache.device) or block_ids.device.type == "cpu":
+        ids = block_ids.cpu()  # host ids: no sync
         check.ids_in_range(ids, "block_ids", kv_cache.shape[0])
-        check.unique(ids, "block_ids")
+        if _backend.value_checks_enabled(kv_cache.device):
+            check.unique(ids, "block_ids")
     if buf.shape[0] == 0:
         return
     if _backend.use_triton(kv_cache.device):

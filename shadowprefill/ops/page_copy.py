@@ -3,11 +3,28 @@
 This is the spill / reload path of the host tier (DESIGN.md §3, §5): a page holds all layers of
 block_size tokens contiguously, so page i is one contiguous byte range and runs of consecutive ids merge
 into one copy. CPU<->CPU runs in shadowprefill._C (multithreaded memcpy); anything touching CUDA runs in
-shadowprefill._C_cuda, enqueued on the current stream, and returns at once.
+shadowprefill._C_cuda, enqueued on the current stream, and returns at once: runs of at least
+COPY_ENGINE_MIN_RUN_BYTES go to the copy engine (one cudaMemcpyAsync each), smaller ones to one gather
+kernel when there are at least KERNEL_MIN_RUNS of them (csrc/segments.h). `SHADOWPREFILL_COPY_PATH=
+auto|memcpy|kernel` forces one path (benchmarks).
 """
+import os
+
 import torch
 
 from . import _backend, _validate as check
+
+COPY_ENGINE_MIN_RUN_BYTES = 256 << 10  # a cudaMemcpyAsync costs ~2-5 us: worth it from here on
+KERNEL_MIN_RUNS = 4                    # fewer small runs: their cudaMemcpyAsync calls cost less than a launch
+COPY_PATHS = {"auto": (COPY_ENGINE_MIN_RUN_BYTES, KERNEL_MIN_RUNS), "memcpy": (0, 1 << 62), "kernel": (1 << 62, 1)}
+
+
+def copy_path_limits() -> tuple:
+    """(kernel_max_run_bytes, kernel_min_runs) for the CUDA copies, from SHADOWPREFILL_COPY_PATH."""
+    name = os.environ.get("SHADOWPREFILL_COPY_PATH", "auto") or "auto"
+    if name not in COPY_PATHS:
+        raise ValueError(f"SHADOWPREFILL_COPY_PATH={name!r}: expected one of {', '.join(COPY_PATHS)}")
+    return COPY_PATHS[name]
 
 
 def page_bytes(kv_cache: torch.Tensor) -> int:
@@ -30,9 +47,12 @@ def _check_structure(src, dst, src_block_ids, dst_block_ids):
     check.shape(dst_block_ids, "dst_block_ids", src_block_ids.shape, "one destination per source id")
 
 
-def _check_values(src, dst, src_ids, dst_ids):
+def _check_values(src, dst, src_ids, dst_ids, full: bool):
+    """Ranges always (host ids: a min and a max); duplicates and src/dst overlap when `full`."""
     check.ids_in_range(src_ids, "src_block_ids", src.shape[0])
     check.ids_in_range(dst_ids, "dst_block_ids", dst.shape[0])
+    if not full:
+        return
     check.unique(dst_ids, "dst_block_ids")
     if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
         overlap = dst_ids[torch.isin(dst_ids, src_ids)]
@@ -45,7 +65,9 @@ def _copy_blocks_op(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.T
                     dst_block_ids: torch.Tensor) -> None:
     _check_structure(src, dst, src_block_ids, dst_block_ids)
     src_ids, dst_ids = host_ids(src_block_ids), host_ids(dst_block_ids)
-    _check_values(src, dst, src_ids, dst_ids)  # ids are on the host anyway: always checked
+    on_cuda = src.device.type == "cuda" or dst.device.type == "cuda"
+    full = _backend.value_checks_enabled(torch.device("cuda" if on_cuda else "cpu"))
+    _check_values(src, dst, src_ids, dst_ids, full)
     n = src_ids.numel()
     if n == 0:
         return
@@ -59,8 +81,10 @@ def _copy_blocks_op(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.T
     else:
         cuda_device = dst.device if dst.device.type == "cuda" else src.device
         stream = torch.cuda.current_stream(cuda_device)
+        max_run, min_runs = copy_path_limits()
         with torch.cuda.device(cuda_device):
-            _backend.cuda_extension().copy_segments(*args, stream_ptr=stream.cuda_stream, **bounds)
+            _backend.cuda_extension().copy_segments(*args, stream_ptr=stream.cuda_stream, **bounds,
+                                                    kernel_max_run_bytes=max_run, kernel_min_runs=min_runs)
 
 
 @_copy_blocks_op.register_fake
@@ -73,9 +97,12 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.Tenso
     """dst[dst_block_ids[i]] = src[src_block_ids[i]] for every i (whole pages, all layers).
 
     src and dst: block-major caches with equal page shape and dtype, on any devices (CUDA, pinned or
-    pageable CPU). Ids: int32/int64, on the CPU (best: no sync) or a cache's device. Duplicate destination
-    ids are an error. A copy touching CUDA is enqueued on the current stream and returns at once; the caller
-    keeps both caches alive until it completes (record an event).
+    pageable CPU). Ids: int32/int64, on the CPU (best: no sync) or a cache's device. Ids out of range are
+    an error always; duplicate destination ids (and, within one cache, a destination that is also a
+    source) on CPU copies always, on copies touching CUDA with SHADOWPREFILL_DEBUG=1. A copy touching
+    CUDA is enqueued on the current stream and returns at once; the caller keeps both caches alive until
+    it completes (record an event). The run list is built on the host per call, so a copy is not captured
+    into CUDA graphs.
     """
     for x, name in ((src, "src"), (dst, "dst"), (src_block_ids, "src_block_ids"),
                     (dst_block_ids, "dst_block_ids")):

@@ -7,7 +7,7 @@ import torch
 from shadowprefill.kv.block_pool import BlockPool
 from shadowprefill.kv.host_tier import DEFAULT_CAPACITY_BYTES, HostTier
 from shadowprefill.kv.spec import KVCacheSpec
-from shadowprefill.ops import paged_attention
+from shadowprefill.ops import paged_attention, reference
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -143,17 +143,6 @@ def test_round_trip_device_host_device_is_byte_exact(device, dtype):
     assert torch.equal(got.view(torch.uint8), written.view(torch.uint8))
 
 
-def _reference_attention(q, k, v, scale):
-    """Causal attention of the last q.shape[0] positions over k, v [L, Hkv, D], float64."""
-    q, k, v = q.double(), k.double(), v.double()
-    n_q, n_kv, group = q.shape[0], k.shape[0], q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    logits = torch.einsum("qhd,khd->hqk", q, k) * scale
-    pos_q = torch.arange(n_kv - n_q, n_kv)[:, None]
-    logits = logits.masked_fill(torch.arange(n_kv)[None, :] > pos_q, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", logits.softmax(-1), v)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_paged_attention_identical_before_spill_and_after_reload(device):
     bs, n_pages, layer = 4, 5, 1
@@ -177,7 +166,7 @@ def test_paged_attention_identical_before_spill_and_after_reload(device):
     before = attend(ids)
     k = cache[ids, layer, 0].permute(0, 2, 1, 3).reshape(-1, 2, 16)[:seq_len]
     v = cache[ids, layer, 1].permute(0, 2, 1, 3).reshape(-1, 2, 16)[:seq_len]
-    torch.testing.assert_close(before.double().cpu(), _reference_attention(q, k, v, 0.25).cpu(),
+    torch.testing.assert_close(before.double().cpu(), reference.dense_attention(q.cpu(), k.cpu(), v.cpu(), 0.25),
                                rtol=1e-5, atol=1e-5)
     tail = cache[ids[-1]].clone()
     pool.commit(ids, toks, now=0)                                # registers the 4 full pages

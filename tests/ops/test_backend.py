@@ -38,9 +38,9 @@ def test_triton_backend_reaches_the_kernels(monkeypatch):
     """With SHADOWPREFILL_BACKEND=triton the op calls shadowprefill.triton_kernels, on CPU tensors too."""
     calls = []
 
-    class FakeKernels:
+    class FakeKernels:  # write_kv and write_kv_cache share one kernel entry point: write_kv_cache
         @staticmethod
-        def write_kv(*args):
+        def write_kv_cache(*args):
             calls.append(args)
 
     monkeypatch.setenv("SHADOWPREFILL_BACKEND", "triton")
@@ -48,6 +48,31 @@ def test_triton_backend_reaches_the_kernels(monkeypatch):
     ops.write_kv(torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.randn(2, 1, 2, 1, 4, 8), 0, torch.tensor([3]))
     assert len(calls) == 1
     monkeypatch.setattr(_backend, "_cache", {"shadowprefill.triton_kernels": object()})
-    with pytest.raises(RuntimeError, match="no kernel for write_kv"):
+    with pytest.raises(RuntimeError, match="no kernel for write_kv_cache"):
         ops.write_kv(torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.randn(2, 1, 2, 1, 4, 8), 0,
                      torch.tensor([3]))
+
+
+def test_full_value_checks_on_cuda_only_in_debug_mode(monkeypatch):
+    """On CUDA the full checks (torch.unique / isin / device-to-host copies) would cost every call a sync or
+    host work: only with SHADOWPREFILL_DEBUG=1. On the CPU they always run."""
+    monkeypatch.delenv("SHADOWPREFILL_DEBUG", raising=False)
+    assert _backend.value_checks_enabled(torch.device("cpu"))
+    assert not _backend.value_checks_enabled(torch.device("cuda"))
+    monkeypatch.setenv("SHADOWPREFILL_DEBUG", "1")
+    assert _backend.value_checks_enabled(torch.device("cuda"))
+
+
+def test_copy_value_checks_without_debug_keep_ranges_only(monkeypatch):
+    """The non-debug CUDA path of copy_blocks: ids out of range still raise (host ids: a min and a max),
+    duplicates / overlaps are left to SHADOWPREFILL_DEBUG=1 (no torch.unique / isin)."""
+    from shadowprefill.ops import _validate, page_copy
+
+    called = []
+    monkeypatch.setattr(_validate, "unique", lambda *a: called.append("unique"))
+    monkeypatch.setattr(torch, "isin", lambda *a: called.append("isin"))
+    cache = torch.zeros(4, 1, 2, 1, 16, 8)
+    page_copy._check_values(cache, cache, torch.tensor([0, 1]), torch.tensor([2, 2]), full=False)
+    assert called == []
+    with pytest.raises(ValueError, match="dst_block_ids: id 4"):
+        page_copy._check_values(cache, cache, torch.tensor([0, 1]), torch.tensor([2, 4]), full=False)

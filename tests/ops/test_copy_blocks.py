@@ -97,3 +97,66 @@ def test_cuda_copy_is_enqueued_on_the_current_stream():
     copy_blocks(host, back, ids, ids)
     torch.cuda.synchronize()
     assert torch.equal(bits(back[ids].cpu()), bits(gpu[ids].cpu()))
+
+
+def ids_with_runs(num_runs, pages_per_run):
+    """Page ids forming exactly `num_runs` merged runs of `pages_per_run` consecutive pages."""
+    starts = torch.randperm(4 * num_runs)[:num_runs].sort().values * (pages_per_run + 1)
+    return torch.cat([torch.arange(s, s + pages_per_run) for s in starts.tolist()])
+
+
+@pytest.mark.parametrize("num_runs", [1, 17, 64, 256])
+@pytest.mark.parametrize("page_bytes", [16 << 10, 2 << 20])
+def test_cuda_path_is_chosen_by_bytes_per_run(num_runs, page_bytes):
+    """The CUDA copy's choice (csrc/segments.h, replayed on the host by _C.copy_path): runs of >= 256 KiB
+    go to the copy engine, whatever their count; small runs go to one gather kernel once there are 4+."""
+    from shadowprefill import _C
+    from shadowprefill.ops import page_copy
+
+    max_run, min_runs = page_copy.copy_path_limits()
+    for pages_per_run in (1, 16):
+        ids = ids_with_runs(num_runs, pages_per_run)
+        run_bytes = pages_per_run * page_bytes
+        memcpy_runs, kernel_runs, chunks = _C.copy_path(ids.data_ptr(), ids.data_ptr(), ids.numel(), page_bytes,
+                                                         max_run, min_runs, 64 << 10)
+        assert memcpy_runs + kernel_runs == num_runs
+        if run_bytes >= 256 << 10 or num_runs < 4:
+            assert (memcpy_runs, kernel_runs, chunks) == (num_runs, 0, 0)
+        else:
+            assert (memcpy_runs, kernel_runs) == (0, num_runs)
+            assert chunks == num_runs * -(-run_bytes // (64 << 10))
+
+
+def test_cuda_path_splits_a_mix_of_small_and_large_runs(monkeypatch):
+    from shadowprefill import _C
+    from shadowprefill.ops import page_copy
+
+    ids = torch.cat([ids_with_runs(6, 1), 1000 + torch.arange(40)])  # six 16 KiB runs and one of 640 KiB
+    assert _C.copy_path(ids.data_ptr(), ids.data_ptr(), ids.numel(), 16 << 10, *page_copy.copy_path_limits(),
+                        64 << 10) == (1, 6, 6)
+    monkeypatch.setenv("SHADOWPREFILL_COPY_PATH", "kernel")
+    assert _C.copy_path(ids.data_ptr(), ids.data_ptr(), ids.numel(), 16 << 10, *page_copy.copy_path_limits(),
+                        64 << 10) == (0, 7, 6 + 10)
+    monkeypatch.setenv("SHADOWPREFILL_COPY_PATH", "memcpy")
+    assert _C.copy_path(ids.data_ptr(), ids.data_ptr(), ids.numel(), 16 << 10, *page_copy.copy_path_limits(),
+                        64 << 10) == (7, 0, 0)
+    monkeypatch.setenv("SHADOWPREFILL_COPY_PATH", "dma")
+    with pytest.raises(ValueError, match="SHADOWPREFILL_COPY_PATH"):
+        page_copy.copy_path_limits()
+
+
+@needs_cuda
+@pytest.mark.parametrize("path", ["auto", "memcpy", "kernel"])
+@pytest.mark.parametrize("page_shape", [(1, 2, 2, 16, 64), (4, 2, 8, 16, 128)])  # 8 KiB and 256 KiB pages
+def test_cuda_copies_on_every_path(monkeypatch, path, page_shape):
+    """Scattered and consecutive ids, device <-> pinned host, through the copy engine and the gather
+    kernel (pinned run table) alike: byte-exact, nothing else touched."""
+    monkeypatch.setenv("SHADOWPREFILL_COPY_PATH", path)
+    gpu = torch.randn((80,) + page_shape, device="cuda").half()
+    host = torch.randn((80,) + page_shape).half().pin_memory()
+    src_ids = torch.cat([ids_with_runs(9, 1), 60 + torch.arange(12)])
+    dst_ids = torch.randperm(80)[:src_ids.numel()]
+    check_copy(gpu, host, src_ids, dst_ids)
+    check_copy(host, gpu, dst_ids, src_ids)
+    for _ in range(3):  # reuse of the pinned staging ring
+        check_copy(gpu, gpu.clone(), src_ids, dst_ids)

@@ -67,18 +67,52 @@ def test_split_chosen_for_few_long_decodes():
     pool = nan_pool(128, 1, 2, 16, 64, torch.float32)
     batch = build([(700, 1), (1100, 1)], pool, layer=0, num_q_heads=4)
     batch["block_table"] = torch.cat([batch["block_table"], batch["block_table"][:, -1:].expand(2, 30)], 1)
-    plans = launch.plan_attention(2, 2, 64, 2, 2, batch["block_table"].shape[1] * 16, torch.float32,
-                                  launch.sm_count(torch.device(DEVICE)))
-    assert len(plans) == 1 and plans[0].num_splits > 1
+    (plan,) = launch.plan_attention(2, 2, 64, 2, 2, batch["block_table"].shape[1] * 16, torch.float32,
+                                    launch.device_limits(torch.device(DEVICE)))
+    assert plan.num_splits > 1
     check(batch, torch.float32)
+
+
+@pytest.mark.parametrize("context, chunk", [(1500, 40), (2100, 70)])
+def test_split_chosen_for_a_short_chunk_on_a_long_context(context, chunk):
+    """The shadow-prefill case in small: one prefill chunk whose query tiles fill far less than a wave, so
+    the plan splits its keys (no forcing); each split covers part of every tile's causal key range."""
+    pool = nan_pool(144, 1, 1, 16, 64, torch.float16)
+    batch = build([(context, chunk)], pool, layer=0, num_q_heads=2)
+    (plan,) = launch.plan_attention(chunk, 1, 64, 2, 1, batch["block_table"].shape[1] * 16, torch.float16,
+                                    launch.device_limits(torch.device(DEVICE)))
+    assert plan.tile.block_m >= 64 and plan.num_splits > 1  # a prefill tile, split
+    check(batch, torch.float16)
+
+
+def test_split_chosen_for_both_launches_of_a_shadow_step():
+    """A decode and a short chunk on a long context in one batch (the shadow-prefill step): the plan
+    splits the decode launch and the chunk's prefill launch; the results merge exactly."""
+    pool = nan_pool(144, 1, 1, 16, 64, torch.float16)
+    batch = build([(300, 1), (1500, 40)], pool, layer=0, num_q_heads=2)
+    plans = launch.plan_attention(41, 2, 64, 2, 1, batch["block_table"].shape[1] * 16, torch.float16,
+                                  launch.device_limits(torch.device(DEVICE)))
+    assert len(plans) == 2 and all(p.num_splits > 1 for p in plans)
+    check(batch, torch.float16)
 
 
 def test_mixed_batch_uses_two_launches_that_cover_every_sequence():
     pool = nan_pool(24, 1, 2, 16, 64, torch.float16)
     batch = build(MIXED, pool, layer=0, num_q_heads=8)
-    plans = launch.plan_attention(batch["q"].shape[0], len(MIXED), 64, 4, 2, 64, torch.float16, 132)
+    plans = launch.plan_attention(batch["q"].shape[0], len(MIXED), 64, 4, 2, 64, torch.float16, launch.H100_LIMITS)
     assert [p.num_splits for p in plans] == [1, 1] and plans[0].q_len_max + 1 == plans[1].q_len_min
     check(batch, torch.float16)
+
+
+def test_tile_override_gives_the_same_result():
+    """A tile sweep (tiles=...) changes the launch shape, never the result."""
+    pool = nan_pool(24, 1, 2, 16, 64, torch.float32)
+    batch = build([(40, 1), (9, 30), (0, 17)], pool, layer=0, num_q_heads=4)
+    ref = reference.attention(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in batch.items()})
+    for tiles in ({"decode": "32x16w4s2", "prefill": "16x32w4s3"}, "prefill=64x16w8s4"):
+        out = torch.full_like(batch["q"], float("nan"))
+        tk.paged_attention(**batch, out=out, tiles=tiles)
+        reference.assert_close_to_reference(out, ref, torch.float32)
 
 
 @pytest.mark.parametrize("window", [24, 130])

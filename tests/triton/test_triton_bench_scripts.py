@@ -1,12 +1,15 @@
 """The GPU-run scripts of bench/ work before a GPU run spends device time on them.
 
-- bench/device_check.py --dry-run runs every section (correctness checks, ceilings, all timed sections)
-  on the CPU with tiny shapes and writes its markdown table;
-- bench/sm90_compile_report.py --quick compiles the main kernel variants for sm_90 (H100/H200) without a
-  GPU: lowering errors that the interpreter cannot see (e.g. return-type mismatches, shared memory
-  overflow) fail here.
+- bench/device_check.sh --dry-run runs bench/device_check.py on the CPU with tiny shapes through every
+  section (correctness checks, ceilings, goal shapes with their verdict lines, short chunks, copies over
+  runs, mixed batch, tile sweep) and streams its rows and verdicts into $OUT;
+- bench/sm90_compile_report.py --quick --triton both compiles the main kernel variants for sm_90
+  (H100/H200) without a GPU under Triton 3.9 and 3.6 (the GPU machine's; installed into .venv/triton-3.6
+  on first use) and asserts the pipelining (two K/V buffers, partial waits), the occupancy model and the
+  exact fp8 division: regressions that the interpreter cannot see fail here.
 Both run in subprocesses (each needs its own TRITON_INTERPRET setting).
 """
+import json
 import os
 import subprocess
 import sys
@@ -16,23 +19,30 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_script(args, env_overrides, timeout):
+def run(args, env_overrides, timeout):
     env = dict(os.environ, **env_overrides)
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_device_check_dry_run(tmp_path):
-    result = run_script(["bench/device_check.py", "--dry-run", "--out", str(tmp_path)],
-                        {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    result = run(["bash", "bench/device_check.sh", "--dry-run"],
+                 {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path),
+                  "PYTHON": sys.executable}, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "all checks passed" in result.stdout
     table = (tmp_path / "device_check.md").read_text()
-    for section in ("| check |", "| ceiling |", "| prefill |", "| decode |", "| mixed |", "| pack/unpack |",
-                    "| copy_blocks |"):
+    for section in ("| check |", "| ceiling |", "| prefill |", "| decode |", "| pack/unpack |", "| copy_blocks |",
+                    "| short chunk |", "| copy runs |", "| mixed |", "| tile sweep |"):
         assert section in table, f"{section} missing from the dry-run table"
     assert "error" not in table and "FAIL" not in table
-    assert (tmp_path / "device_check.json").exists()
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == table.count("\n| ") - table.count("| section |") and all("time" in r for r in rows)
+    verdicts = (tmp_path / "verdicts.txt").read_text()
+    for goal in ("correctness", "prefill >= 450 TFLOP/s", "decode >= 80%", "decode >= 60%", "spill / reload",
+                 "pack / unpack", "CUDA copy extension"):
+        assert goal in verdicts
+    assert "VERDICT PASS       correctness" in verdicts and "DRY-RUN    prefill" in verdicts
+    assert (tmp_path / "device_check.json").exists() and (tmp_path / "device_check.log").exists()
 
 
 def test_device_check_shell_script_parses():
@@ -40,7 +50,12 @@ def test_device_check_shell_script_parses():
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Triton ships ptxas for Linux only")
-def test_kernels_compile_for_sm90():
-    result = run_script(["bench/sm90_compile_report.py", "--quick"], {"TRITON_INTERPRET": "0"}, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert " 0 failed" in result.stdout
+def test_kernels_compile_for_sm90_with_pipelined_kv_loads():
+    result = run([sys.executable, "bench/sm90_compile_report.py", "--quick", "--triton", "both"],
+                 {"TRITON_INTERPRET": "0"}, timeout=900)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
+    for version in ("3.9", "3.6"):
+        assert f"triton {version}." in out and "0 failed to compile, 0 assertion(s) failed" in out
+    assert out.count("K/V buffers [2, 2") >= 2 and out.count("K/V buffers [3, 3") >= 2  # decode / prefill
+    assert "fp32 divisions ['div.rn.f32']" in out

@@ -1,0 +1,135 @@
+"""Copy sections of bench/device_check.py: pack / unpack against a device copy, copy_blocks spill / reload
+of scattered pages against one contiguous pinned copy, and copy_blocks over 1 / 17 / 64 / 256 merged runs
+of small (16 KiB) and large (2 MiB) pages on each path (auto, copy engine only, gather kernel only).
+
+Same signature as the attention sections: (table, device, ceilings, dry, deadline, results).
+"""
+import os
+import time
+
+import torch
+
+import devcheck_timing as timing
+from shadowprefill import ops
+from shadowprefill import triton_kernels as tk
+
+LLAMA_PAGE = (32, 2, 8, 16, 128)   # Llama-3-8B: 32 layers x K/V x 8 heads x 16 tokens x 128, bf16 = 2 MiB
+SMALL_PAGE = (1, 2, 4, 16, 64)     # one layer of a small model, bf16 = 16 KiB
+RUN_COUNTS = (1, 17, 64, 256)
+
+
+def pages(dry, device, num_pages, page_shape=LLAMA_PAGE):
+    shape = (num_pages, 2, 2, 2, 16, 64) if dry else (num_pages,) + page_shape
+    return torch.randn(shape, dtype=torch.float32 if dry else torch.bfloat16, device=device)
+
+
+def pinned_like(cache, pin):
+    host = torch.empty(cache.shape, dtype=cache.dtype, pin_memory=pin)
+    host.copy_(cache)
+    return host
+
+
+def pack_unpack(table, device, ceil, dry, deadline, results):
+    num_pages, moved = (64, 16) if dry else (1024, 256)
+    cache = pages(dry, device, num_pages)
+    ids = torch.randperm(num_pages, device=device)[:moved]
+    nbytes = moved * cache[0].numel() * cache.element_size()
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    contiguous = timing.median_seconds([lambda: dst.copy_(src)], device)
+    layers = cache.shape[1]
+    for quant in (None, "fp8"):
+        buf, scales = tk.pack_blocks(cache, ids, 0, layers, quant)
+        packed = buf.numel() * buf.element_size() + scales.numel() * 4
+        calls = {"pack": lambda: tk.pack_blocks(cache, ids, 0, layers, quant),
+                 "unpack": lambda: tk.unpack_blocks(buf, scales, cache, ids, 0, layers)}
+        for direction, fn in calls.items():
+            if time.time() > deadline:
+                table.add("pack/unpack", f"{direction} {quant or 'raw'}", None, "", note="skipped: time budget")
+                continue
+            seconds = timing.median_seconds([fn], device)
+            moved_bytes = nbytes + packed  # read one side, write the other
+            rate = moved_bytes / seconds
+            results.setdefault("pack", {})[f"{direction} {quant or 'raw'}"] = rate / ceil["copy"]
+            table.add("pack/unpack", f"{direction} {quant or 'raw'} {moved} pages", rate / 1e9, "GB/s r+w",
+                      rate / ceil["copy"], f"contiguous copy {2 * nbytes / contiguous / 1e9:.3g} GB/s r+w",
+                      contiguous / seconds, f"{seconds * 1e3:.3f} ms for {nbytes / 2**20:.3g} MiB of cache")
+
+
+def _time_copy(src, dst, src_ids, dst_ids, device, path):
+    previous = os.environ.get("SHADOWPREFILL_COPY_PATH")
+    os.environ["SHADOWPREFILL_COPY_PATH"] = path
+    try:
+        return timing.median_seconds([lambda: ops.copy_blocks(src, dst, src_ids, dst_ids)], device, graph=False)
+    finally:
+        if previous is None:
+            os.environ.pop("SHADOWPREFILL_COPY_PATH")
+        else:
+            os.environ["SHADOWPREFILL_COPY_PATH"] = previous
+
+
+def copy_blocks(table, device, ceil, dry, deadline, results):
+    """Spill / reload of 256 scattered Llama pages (512 MiB) against one contiguous pinned copy."""
+    num_pages, moved = (64, 16) if dry else (1024, 256)
+    gpu = pages(dry, device, num_pages)
+    host = pinned_like(pages(dry, device, num_pages), pin=device.type == "cuda")
+    nbytes = moved * gpu[0].numel() * gpu.element_size()
+    for ids_kind in ("random", "consecutive"):
+        if ids_kind == "random":
+            src_ids, dst_ids = torch.randperm(num_pages)[:moved], torch.randperm(num_pages)[:moved]
+        else:
+            src_ids, dst_ids = torch.arange(moved), torch.arange(moved) + (num_pages - moved)
+        for direction, (src, dst) in (("d2h", (gpu, host)), ("h2d", (host, gpu))):
+            seconds = _time_copy(src, dst, src_ids, dst_ids, device, "auto")
+            rate = nbytes / seconds
+            peer = ceil.get(direction)
+            if ids_kind == "random" and peer:
+                results.setdefault("spill", {})[direction] = rate / peer
+            table.add("copy_blocks", f"{direction} {ids_kind} {moved} pages", rate / 1e9, "GB/s", None,
+                      f"contiguous pinned {peer / 1e9:.1f} GB/s" if peer else "", rate / peer if peer else None,
+                      f"{seconds * 1e3:.3f} ms for {nbytes / 2**20:.3g} MiB")
+
+
+def ids_with_runs(num_runs, total_pages, num_pages):
+    """(src ids, dst ids) of ~total_pages pages in exactly `num_runs` merged runs on both sides."""
+    per_run = max(1, total_pages // num_runs)
+    gap = max(1, (num_pages - num_runs * per_run) // num_runs)
+    starts = torch.arange(num_runs) * (per_run + gap)
+    src = torch.cat([torch.arange(s, s + per_run) for s in starts.tolist()])
+    dst = torch.cat([torch.arange(s, s + per_run) for s in starts.flip(0).tolist()])  # runs reversed
+    return src, dst
+
+
+def copy_runs(table, device, ceil, dry, deadline, results):
+    """copy_blocks GPU <-> pinned host over 1 / 17 / 64 / 256 runs of small and large pages, each path."""
+    total = 16 if dry else 256
+    paths = ("auto", "memcpy", "kernel") if device.type == "cuda" else ("auto",)
+    for page_name, page_shape in (("small 16 KiB", SMALL_PAGE), ("large 2 MiB", LLAMA_PAGE)):
+        num_pages = 2 * total + (RUN_COUNTS[-1] if not dry else 8)
+        gpu = pages(dry, device, num_pages, page_shape)
+        host = pinned_like(pages(dry, device, num_pages, page_shape), pin=device.type == "cuda")
+        page_bytes = gpu[0].numel() * gpu.element_size()
+        for num_runs in (RUN_COUNTS if not dry else (1, 4, 16)):
+            src_ids, dst_ids = ids_with_runs(num_runs, total, num_pages)
+            nbytes = src_ids.numel() * page_bytes
+            peer = ceil.get("h2d")
+            for direction, (src, dst) in (("d2h", (gpu, host)), ("h2d", (host, gpu))):
+                cells = []
+                for path in paths:
+                    if time.time() > deadline:
+                        cells.append(f"{path} skipped")
+                        continue
+                    seconds = _time_copy(src, dst, src_ids, dst_ids, device, path)
+                    cells.append(f"{path} {nbytes / seconds / 1e9:.3g}")
+                    if path == "auto":
+                        auto_rate = nbytes / seconds
+                if not any(c.startswith("auto ") and "skipped" not in c for c in cells):
+                    table.add("copy runs", f"{direction} {page_name} {num_runs} runs", None, "",
+                              note="skipped: time budget")
+                    continue
+                peer = ceil.get(direction)
+                table.add("copy runs", f"{direction} {page_name} {num_runs} runs", auto_rate / 1e9, "GB/s (auto)",
+                          None, f"contiguous pinned {peer / 1e9:.1f} GB/s" if peer else "",
+                          auto_rate / peer if peer else None,
+                          f"GB/s by path: {', '.join(cells)}; {nbytes / 2**20:.3g} MiB, {src_ids.numel()} pages")
+        del gpu, host
