@@ -24,9 +24,8 @@ import time
 import pytest
 import torch
 
-from shadowprefill.kv.block_pool import BlockPool
+from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.host_tier import HostTier
-from shadowprefill.kv.prefix_hash import PageHashes, root_hash
 
 BS = 16
 NUM_BLOCKS = 32768
@@ -50,7 +49,7 @@ class PoolWorkload:
     def __init__(self, seed: int = 0, use_chains: bool = False):
         rng = random.Random(seed)
         self.use_chains = use_chains
-        self.pool = BlockPool(NUM_BLOCKS, BS, page_bytes=PAGE_BYTES, model_id="llama-3-8b",
+        self.pool = KVCacheManager(NUM_BLOCKS, BS, page_bytes=PAGE_BYTES, model_id="llama-3-8b",
                               host_tier=HostTier(capacity_bytes=32 * 2**30, page_bytes=PAGE_BYTES))
         histories = [[rng.randrange(128_000) for _ in range(PREFIX_PAGES * BS)] for _ in range(SESSIONS)]
         suffixes = [[rng.randrange(128_000) for _ in range(NEW_TOKENS)] for _ in range(97)]
@@ -66,14 +65,14 @@ class PoolWorkload:
         if done:
             self.running = [r for r in self.running if r.decode_left > 0]
             for r in done:
-                pool.release(r.blocks, now=now)
+                pool.free(r.blocks, now=now)
         # admissions: a prefix lookup over the session history (64 cached pages)
         while len(self.running) < MAX_SEQS:
             i = self.next_prompt % len(self.prompts)
             r = Request(list(self.prompts[i]), self.decode_lens[i])
             if self.use_chains:
-                r.chain = PageHashes(r.tokens, BS, root_hash("llama-3-8b", ""))
-            m = pool.acquire_prefix(r.tokens, now=now, max_tokens=r.prompt_len - 1, hashes=r.chain)
+                r.chain = pool.hash_chain(r.tokens)
+            m = pool.match_prefix(r.tokens, now=now, max_tokens=r.prompt_len - 1, hashes=r.chain)
             r.blocks, r.computed = m.block_ids, m.num_tokens
             self.running.append(r)
             self.next_prompt += 1
@@ -109,11 +108,13 @@ class PoolWorkload:
 class Recorder:
     """Stands in for the pool during the workload: forwards every call and logs it per iteration."""
 
-    def __init__(self, pool: BlockPool):
+    def __init__(self, pool: KVCacheManager):
         self.pool, self.iterations = pool, []
 
     def __getattr__(self, name):
         method = getattr(self.pool, name)
+        if name == "hash_chain":      # no pool state: not recorded
+            return method
 
         def call(*args, **kwargs):
             self.iterations[-1].append((name, args, kwargs))
@@ -135,22 +136,22 @@ def record(iterations: int, use_chains: bool = False) -> tuple[list, PoolWorkloa
     return recorder.iterations, w
 
 
-def fresh_pool() -> BlockPool:
-    return BlockPool(NUM_BLOCKS, BS, page_bytes=PAGE_BYTES, model_id="llama-3-8b",
+def fresh_pool() -> KVCacheManager:
+    return KVCacheManager(NUM_BLOCKS, BS, page_bytes=PAGE_BYTES, model_id="llama-3-8b",
                      host_tier=HostTier(capacity_bytes=32 * 2**30, page_bytes=PAGE_BYTES))
 
 
-def bind(trace: list, pool: BlockPool) -> list:
+def bind(trace: list, pool: KVCacheManager) -> list:
     """Bound calls; each recorded PageHashes is replaced by an empty one over the same tokens, so the replay
     hashes exactly what the recording hashed."""
-    fresh: dict[int, PageHashes] = {}
+    fresh: dict = {}
 
     def unhashed(kwargs):
         chain = kwargs.get("hashes")
         if chain is None:
             return kwargs
         if id(chain) not in fresh:
-            fresh[id(chain)] = PageHashes(chain.tokens, chain.block_size, chain.root)
+            fresh[id(chain)] = pool.hash_chain(chain.tokens)
         return {**kwargs, "hashes": fresh[id(chain)]}
     return [[(getattr(pool, name), args, unhashed(kwargs)) for name, args, kwargs in calls] for calls in trace]
 
@@ -160,7 +161,7 @@ def run_iteration(calls: list) -> None:
         method(*args, **kwargs)
 
 
-def replay(trace: list, measured: int) -> tuple[list[float], list[float], BlockPool]:
+def replay(trace: list, measured: int) -> tuple[list[float], list[float], KVCacheManager]:
     """Replay the trace on a fresh pool; (wall µs, thread CPU µs) of each of the last `measured` iterations."""
     pool = fresh_pool()
     bound = bind(trace, pool)
@@ -211,23 +212,23 @@ class LongSession:
 
     def __init__(self, use_chain: bool, context: int = 65536, chunk: int = 512, max_chunks: int = 128):
         rng = random.Random(1)
-        self.pool = BlockPool(2 * (context + max_chunks * chunk) // BS, BS, model_id="llama-3-8b")
+        self.pool = KVCacheManager(2 * (context + max_chunks * chunk) // BS, BS, model_id="llama-3-8b")
         self.history = [rng.randrange(128_000) for _ in range(context)]
         ids = self.pool.allocate(context // BS, now=0.0)
         self.pool.commit(ids, self.history, now=0.0)
-        self.pool.release(ids, now=0.0)
+        self.pool.free(ids, now=0.0)
         self.history += [rng.randrange(128_000) for _ in range(max_chunks * chunk)]   # what the chunks compute
-        self.chain = self.pool.page_hash_chain(self.history) if use_chain else None
+        self.chain = self.pool.hash_chain(self.history) if use_chain else None
         self.context, self.chunk_tokens, self.now = context, chunk, 1.0
 
     def chunk(self) -> None:
         """The pool calls of one shadow chunk: acquire the cached prefix, allocate, commit, release."""
         pool, now = self.pool, self.now
-        m = pool.acquire_prefix(self.history, now=now, shadow=True, max_tokens=len(self.history), hashes=self.chain)
+        m = pool.match_prefix(self.history, now=now, shadow=True, max_tokens=len(self.history), hashes=self.chain)
         new = pool.allocate(self.chunk_tokens // BS, now=now, shadow=True)
         blocks = m.block_ids + new
         pool.commit(blocks, self.history, now=now, num_tokens=m.num_tokens + self.chunk_tokens, hashes=self.chain)
-        pool.release(blocks, now=now)
+        pool.free(blocks, now=now)
         assert m.num_tokens >= self.context
         self.now += 0.05
 

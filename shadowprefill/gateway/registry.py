@@ -11,14 +11,13 @@ eviction. The registry also keeps decayed request rates per (entry, requesting s
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-import numpy as np
+from shadowprefill.kv.page_hash import page_hashes
 
 from .sites import TIERS
 from .transfer import CODECS, layout_bytes_per_token
@@ -71,7 +70,7 @@ class CacheEntry:
     tenant: str
     model_id: str
     model_version: str
-    block_hashes: tuple[bytes, ...]
+    block_hashes: tuple[int, ...]   # kv.page_hashes of the span, salted with (tenant, model, version)
     layout: CacheLayout
     location: Location
     created_at: float
@@ -92,21 +91,8 @@ class PrefixHit:
     matched_tokens: int
 
 
-def block_hash_chain(tokens: Sequence[int], block_size: int, namespace: str) -> list[bytes]:
-    """Hash chain over the full pages of ``tokens``: h_i = H(h_{i-1} ‖ tokens of page i), h_0 = H(namespace)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    n = len(tokens) // block_size
-    raw = np.asarray(tokens[:n * block_size], dtype=np.int64).tobytes()  # stable across processes
-    h = hashlib.blake2b(namespace.encode(), digest_size=16).digest()
-    out, step = [], 8 * block_size
-    for i in range(n):
-        h = hashlib.blake2b(h + raw[i * step:(i + 1) * step], digest_size=16).digest()
-        out.append(h)
-    return out
-
-
 def _namespace(tenant: str, model_id: str, version: str) -> str:
+    """The page-hash salt of (tenant, model, version): the chain of kv.page_hashes seeded with it."""
     return f"{tenant}\x00{model_id}\x00{version}"
 
 
@@ -126,7 +112,7 @@ class CacheRegistry:
         self.capacity_bytes = dict(capacity_bytes or {})
         self.rate_window_s = rate_window_s
         self._entries: dict[int, CacheEntry] = {}
-        self._index: dict[bytes, set[int]] = {}  # chain hash -> ids of entries containing it
+        self._index: dict[int, set[int]] = {}  # chain hash -> ids of entries containing it
         self._versions: dict[str, str] = {}  # model id -> current version
         self._revoked: set[str] = set()
         self._used: dict[str, float] = {}  # site -> bytes
@@ -159,9 +145,6 @@ class CacheRegistry:
     def reinstate_tenant(self, tenant: str) -> None:
         self._revoked.discard(tenant)
 
-    def is_revoked(self, tenant: str) -> bool:
-        return tenant in self._revoked
-
     # ---- insert / remove --------------------------------------------------------------------------
     def insert(self, tenant: str, model_id: str, model_version: str, tokens: Sequence[int],
                layout: CacheLayout, location: Location, provenance: str = "prefill",
@@ -183,7 +166,7 @@ class CacheRegistry:
         current = self._versions.setdefault(model_id, model_version)
         if model_version != current:
             raise ValueError(f"model_version {model_version!r} of {model_id!r} is stale (current {current!r})")
-        chain = tuple(block_hash_chain(tokens, layout.block_size, _namespace(tenant, model_id, current)))
+        chain = tuple(page_hashes(tokens, layout.block_size, _namespace(tenant, model_id, current)))
         if not chain:
             raise ValueError(f"tokens: fewer than one full page of {layout.block_size} tokens")
         size = len(chain) * layout.block_size * layout.bytes_per_token
@@ -259,7 +242,7 @@ class CacheRegistry:
                        if e.tenant == tenant and e.model_id == model_id}
         matched: dict[int, int] = {}
         for bs in sorted(block_sizes):
-            for i, h in enumerate(block_hash_chain(tokens, bs, ns)):
+            for i, h in enumerate(page_hashes(tokens, bs, ns)):
                 ids = self._index.get(h)
                 if not ids:
                     break

@@ -1,10 +1,17 @@
-"""KV pages: layout spec, block pool (normal / capped shadow class, prefix cache) and the host spill tier."""
-from .block_pool import BlockPool, PrefixMatch
-from .host_tier import DEFAULT_CAPACITY_BYTES, HostTier
-from .manager import KVCacheManager
-from .prefix_hash import PageHashes, page_hashes, root_hash
-from .spec import KVCacheSpec
-from .stats import PoolStats
+"""KV pages: layout spec, the KV cache manager (page pool with a normal / capped shadow class, prefix index,
+host offload tier) and the page-hash chain. `page_hashes` imports without torch (the gateway uses it); the
+rest is imported on first use."""
+from .page_hash import PageHashes, page_hashes
 
-__all__ = ["KVCacheManager", "BlockPool", "PrefixMatch", "HostTier", "DEFAULT_CAPACITY_BYTES", "PageHashes", "page_hashes",
-           "root_hash", "KVCacheSpec", "PoolStats"]
+__all__ = ["KVCacheManager", "PrefixMatch", "HostTier", "DEFAULT_CAPACITY_BYTES", "PageHashes", "page_hashes",
+           "KVCacheSpec", "PoolStats"]
+
+_LAZY = {"KVCacheManager": "manager", "PrefixMatch": "manager", "HostTier": "host_tier",
+         "DEFAULT_CAPACITY_BYTES": "host_tier", "KVCacheSpec": "spec", "PoolStats": "stats"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

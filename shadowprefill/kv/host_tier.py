@@ -2,20 +2,20 @@
 
 Pages evicted from the device (shadow and normal) are copied into pinned host memory of the same page shape
 and reloaded over PCIe when a prefix lookup hits them. The tier is an LRU of cache entries keyed by chained
-page hash (prefix_hash.py); when full it drops its least recently used page. Copies run on a side CUDA stream
+page hash (page_hash.py); when full it drops its least recently used page. Copies run on a side CUDA stream
 after it waited for the compute stream, each batch ends with an event: the pool hands a spilled device page
 out again only after its event completed, and the forward pass stream-waits on a reload's event (never the
 host). On CPU caches the copies are synchronous and no event is returned. Without a spec the tier is
 bookkeeping-only (the simulator): same decisions, no bytes.
 
-An entry is a slot number; per-slot arrays hold its page key (for exact matches) and class.
+The entries (hash -> slot, LRU, classes) are a HostIndex (host_index.py); the pool's side (which pages are
+being spilled, which copies are in flight) is in offload.py.
 """
 from __future__ import annotations
 
-import itertools
-from collections import OrderedDict
-
 import torch
+
+from .host_index import make_host_index
 
 DEFAULT_CAPACITY_BYTES = 32 * 2**30  # paper §3.3 / issue 4: 32 GiB of host memory per GPU
 
@@ -58,105 +58,54 @@ class HostTier:
                 kind = "pinned host" if pin else "host"
                 raise MemoryError(f"HostTier: could not allocate {num_pages * page_bytes} bytes of {kind} memory "
                                   f"({num_pages} pages of {page_bytes} bytes): {e}") from e
-        self._lru: OrderedDict[int, int] = OrderedDict()    # page hash -> slot, least recently used first
-        self.slot_key: list = [None] * num_pages            # slot -> page key (parent hash, tokens)
-        self.slot_shadow: list[bool] = [False] * num_pages  # slot -> holds a shadow-class page
-        self._free_slots = list(range(num_pages - 1, -1, -1))
-        self._num_shadow = 0
+        self._index = None                                  # HostIndex, made by the first pool attached
         self._side_streams: dict = {}
 
-    # ---- bookkeeping --------------------------------------------------------------------------------
+    # ---- bookkeeping: the entries (HostIndex) ---------------------------------------------------------
+    def attach(self, backend: str = "python"):
+        """The tier's index for a pool of `backend` ("python" or "native"): made on first use; every pool
+        sharing a tier must use the same backend."""
+        if self._index is None:
+            self._index = make_host_index(self.num_pages, backend)
+        elif self._index.backend != backend:
+            raise ValueError(f"host_tier: already used by a {self._index.backend!r} pool, not {backend!r}")
+        return self._index
+
     @property
-    def has_tensors(self) -> bool:
-        return self.cache is not None
+    def index(self):
+        return self._index if self._index is not None else self.attach()
 
     @property
     def num_used(self) -> int:
-        return len(self._lru)
+        return self.index.num_used
 
     @property
     def num_shadow(self) -> int:
-        return self._num_shadow
+        return self.index.num_shadow
 
     def __contains__(self, page_hash: int) -> bool:
-        return page_hash in self._lru
+        return self.index.peek(page_hash) >= 0
 
-    def items(self):
+    def items(self) -> list:
         """(page hash, slot) of every entry, least recently used first."""
-        return self._lru.items()
+        return self.index.items()
 
-    def peek(self, page_hash: int, key: tuple) -> int:
-        """The slot holding (hash, key), without touching the LRU; -1 if absent."""
-        slot = self._lru.get(page_hash, -1)
-        return slot if slot >= 0 and self.slot_key[slot] == key else -1
+    def peek(self, page_hash: int) -> int:
+        """The slot holding the page, without touching the LRU; -1 if absent."""
+        return self.index.peek(page_hash)
 
-    def get(self, page_hash: int, key: tuple) -> int:
-        """The slot holding (hash, key), made most recently used; -1 if absent."""
-        slot = self._lru.get(page_hash, -1)
-        if slot < 0 or self.slot_key[slot] != key:
-            return -1
-        self._lru.move_to_end(page_hash)
-        return slot
+    def get(self, page_hash: int) -> int:
+        """The slot holding the page, made most recently used; -1 if absent."""
+        return self.index.get(page_hash)
 
-    def set_class(self, slot: int, shadow: bool) -> None:
-        if self.slot_shadow[slot] != shadow:
-            self.slot_shadow[slot] = shadow
-            self._num_shadow += 1 if shadow else -1
-
-    def put(self, page_hash: int, key: tuple, shadow: bool) -> tuple[int, bool, list]:
+    def put(self, page_hash: int, shadow: bool) -> tuple[int, bool, list]:
         """put_many for one page: (slot, whether its bytes must be copied there, dropped)."""
-        slots, copy, dropped = self.put_many([page_hash], [key], [shadow])
+        slots, copy, dropped = self.index.put_many([page_hash], [shadow])
         return slots[0], copy[0], dropped
 
-    def put_many(self, hashes: list, keys: list, shadows: list | None) -> tuple[list[int], list[bool], list]:
-        """Admit evicted device pages (parallel lists; shadows None = all normal), in eviction order. A page
-        already held (same key) becomes the most recently used and takes the given class; another is stored in
-        a free slot or in the slot of the least recently used entry, which is dropped (an entry stored earlier
-        in the same call included, when more pages than num_pages are given).
-        Returns (slot per page, -1 if the tier has no pages; whether the page's bytes must be copied into its
-        slot: stored by this call and still held at its end; [(dropped hash, was shadow)] in drop order)."""
-        n = len(hashes)
-        copy = [False] * n
-        if not self.num_pages:
-            return [-1] * n, copy, []
-        lru, free, slot_key, slot_shadow = self._lru, self._free_slots, self.slot_key, self.slot_shadow
-        slots, dropped, stored, num_shadow = [-1] * n, [], {}, self._num_shadow  # stored: slot -> page index
-        lru_get, move_to_end = lru.get, lru.move_to_end
-        if shadows is None:
-            shadows = itertools.repeat(False)
-        for i, page_hash, key, shadow in zip(range(n), hashes, keys, shadows):
-            slot = lru_get(page_hash)
-            if slot is not None and slot_key[slot] == key:
-                move_to_end(page_hash)
-            else:
-                if slot is not None:           # same hash, other key (a collision): replaced
-                    del lru[page_hash]
-                elif free:
-                    slot = free.pop()
-                else:
-                    dropped_hash, slot = lru.popitem(last=False)
-                    dropped.append((dropped_hash, slot_shadow[slot]))
-                    earlier = stored.pop(slot, None)
-                    if earlier is not None:    # stored by this call, dropped again: nothing to copy
-                        copy[earlier] = False
-                lru[page_hash] = slot
-                slot_key[slot] = key
-                copy[i] = True
-                stored[slot] = i
-            if slot_shadow[slot] != shadow:    # free slots hold False
-                num_shadow += 1 if shadow else -1
-                slot_shadow[slot] = shadow
-            slots[i] = slot
-        self._num_shadow = num_shadow
-        return slots, copy, dropped
-
-    def discard(self, page_hash: int) -> None:
-        """Forget a page (its slot becomes free)."""
-        slot = self._lru.pop(page_hash, -1)
-        if slot >= 0:
-            self._num_shadow -= self.slot_shadow[slot]
-            self.slot_shadow[slot], self.slot_key[slot] = False, None
-            self._free_slots.append(slot)
+    def put_many(self, hashes: list, shadows: list | None) -> tuple[list[int], list[bool], list]:
+        """See HostIndex.put_many."""
+        return self.index.put_many(hashes, shadows)
 
     # ---- copies -------------------------------------------------------------------------------------
     def check_compatible(self, kv_cache: torch.Tensor | None, page_bytes: int) -> None:

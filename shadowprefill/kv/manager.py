@@ -1,9 +1,9 @@
 """KVCacheManager: the request-level KV calls an engine makes (DESIGN.md §5, paper §3.3).
 
-One instance's paged KV: a page pool (ref counts, normal / capped evict-first shadow class, LRU, cold
-age), a prefix index (hash-chained full pages, salted with model id and tenant) and an optional host
-offload tier (spill on eviction, reload on a prefix hit). Engines, the shadow job queue, P/D transfers
-and Oracle call only these methods:
+One instance's paged KV: a page pool (ref counts, normal / capped evict-first shadow class, LRU per class,
+cold age, free list), a prefix index (hash-chained full pages, salted with model id and tenant) and an
+optional host offload tier (spill on eviction, reload on a prefix hit). Engines, the shadow job queue, P/D
+transfers and Oracle call only these methods:
 
     match = kv.match_prefix(tokens, now=t, tenant=..., promote=routed)   # refs on the cached prefix
     pages = kv.allocate(n, now=t, shadow=False)                          # fresh pages, or None
@@ -11,19 +11,47 @@ and Oracle call only these methods:
     kv.free(pages, now=t)                                                # drop refs (cached pages stay)
     kv.import_prefix(tokens, now=t)                                      # KV that arrived from elsewhere
 
-Every time-dependent call takes `now` (seconds, never decreasing). Long append-only sequences pass a
-`hashes=` chain (`hash_chain(tokens, tenant)`) so their pages are hashed once.
+Every device page is free, in use (ref > 0; a page with ref > 1 is always a registered, read-only prefix
+page), cached (ref 0, registered, evictable) or spilling (evicted, its device->host copy in flight; CUDA
+only). Pages are identified by their page hash (page_hash.py). Every time-dependent call takes `now`
+(seconds, never decreasing). Long append-only sequences pass a `hashes=` chain (`hash_chain(tokens,
+tenant)`) so their pages are hashed once. With kv_cache=None (and a bookkeeping-only HostTier) the manager
+takes the same decisions and keeps the same accounting without tensors.
+
+The manager validates arguments and moves bytes (HostTier copies); the decisions are taken by its core
+(core.py: the page pool, prefix index and host offload parts, sequenced in one place).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .block_pool import BlockPool, PrefixMatch
+from .core import KVCore
 from .host_tier import HostTier
-from .prefix_hash import PageHashes
+from .page_hash import PageHashes, as_token_sequence
 from .stats import PoolStats
 
 __all__ = ["KVCacheManager", "PrefixMatch"]
+
+
+@dataclass
+class PrefixMatch:
+    """Result of KVCacheManager.match_prefix: the caller holds one reference on each page in block_ids."""
+    block_ids: list[int]        # pages covering the matched prefix, in order
+    num_tokens: int             # len(block_ids) * block_size
+    device_tokens: int          # matched on the device (incl. cancelled spills)
+    host_tokens: int            # reloaded from the host tier into fresh pages
+    shadow_tokens: int          # matched pages that were shadow-class pages
+    ready_event: object | None = None  # CUDA event the forward must stream-wait on before reading the pages
+
+
+def _check_int(value, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name}: must be >= {low}, got {value}")
+    return value
 
 
 class KVCacheManager:
@@ -32,12 +60,34 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, *, kv_cache: torch.Tensor | None = None,
                  host_tier: HostTier | None = None, page_bytes: int = 0, shadow_fraction: float = 0.25,
                  cold_age_s: float = 5.0, model_id: str = "") -> None:
-        self._pool = BlockPool(num_blocks, block_size, kv_cache=kv_cache, host_tier=host_tier,
-                               page_bytes=page_bytes, shadow_fraction=shadow_fraction, cold_age_s=cold_age_s,
-                               model_id=model_id)
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks = _check_int(num_blocks, "num_blocks", 1)
+        self.block_size = _check_int(block_size, "block_size", 1)
+        if not 0.0 <= shadow_fraction <= 1.0:
+            raise ValueError(f"shadow_fraction: must be in [0, 1], got {shadow_fraction}")
+        if not cold_age_s >= 0.0:
+            raise ValueError(f"cold_age_s: must be >= 0, got {cold_age_s}")
+        if not isinstance(model_id, str):
+            raise TypeError(f"model_id: expected a str, got {type(model_id).__name__}")
+        if kv_cache is not None:
+            if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 6:
+                raise ValueError("kv_cache: expected a 6-D block-major cache [num_blocks, num_layers, 2, "
+                                 "num_kv_heads, block_size, head_dim]")
+            if kv_cache.shape[0] != num_blocks or kv_cache.shape[4] != block_size:
+                raise ValueError(f"kv_cache: shape {tuple(kv_cache.shape)} does not hold {num_blocks} pages of "
+                                 f"{block_size} tokens")
+            page_bytes = kv_cache[0].numel() * kv_cache.element_size()
+        self.page_bytes = _check_int(page_bytes, "page_bytes", 0)
+        if host_tier is not None:
+            if not isinstance(host_tier, HostTier):
+                raise TypeError(f"host_tier: expected a HostTier, got {type(host_tier).__name__}")
+            host_tier.check_compatible(kv_cache, self.page_bytes)
         self.kv_cache, self.host_tier, self.model_id = kv_cache, host_tier, model_id
-        self.shadow_cap = self._pool.shadow_cap
+        self.shadow_fraction, self.cold_age_s = shadow_fraction, cold_age_s
+        self.shadow_cap = int(shadow_fraction * num_blocks)  # §3.3: "limited to 25% of the KV pool"
+        copy = self._copy if kv_cache is not None and host_tier is not None else None
+        host_index = host_tier.attach("python") if host_tier is not None else None
+        self._core = KVCore(num_blocks, block_size, self.shadow_cap, cold_age_s, model_id, host_index,
+                            self.page_bytes, copy)
 
     # ---- queries (no state change) ---------------------------------------------------------------------
     @property
@@ -45,66 +95,117 @@ class KVCacheManager:
         return self.host_tier is not None
 
     @property
-    def stats(self) -> PoolStats:
-        """A snapshot of the accounting (counters since construction, gauges now)."""
-        return self._pool.stats
-
-    @property
     def num_free_blocks(self) -> int:
         """Pages on the free list (not counting evictable cached pages)."""
-        return self._pool.num_free_blocks
+        return self._core.counts()[0]
 
     @property
     def num_shadow_blocks(self) -> int:
         """Pages of the shadow class (in use, cached or spilling)."""
-        return self._pool.num_shadow_blocks
+        return self._core.counts()[1]
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Evictable pages: ref 0 and in the prefix index."""
+        return self._core.counts()[2]
+
+    @property
+    def num_spilling_blocks(self) -> int:
+        """Evicted pages whose device->host copy may still run (not reusable yet)."""
+        return self._core.counts()[3]
+
+    def ref_count(self, block_id: int) -> int:
+        return self._core.page(block_id)[0]
+
+    def is_shadow(self, block_id: int) -> bool:
+        return self._core.page(block_id)[1]
+
+    def block_hash(self, block_id: int) -> int | None:
+        """The page hash a page carries (None if it was never committed)."""
+        return self._core.page(block_id)[2]
+
+    @property
+    def stats(self) -> PoolStats:
+        """A snapshot of the accounting (counters since construction, gauges now)."""
+        return PoolStats(**self._core.stats_dict())
+
+    def snapshot(self) -> dict:
+        """Every page's bookkeeping, for tests and invariant checks: per page `ref`, `shadow`, `hash`; the
+        `free` list; each class's `lru` as (page, last use), oldest first; `spilling` pages; `index` (hash ->
+        canonical page); `now`."""
+        return self._core.snapshot()
 
     def hash_chain(self, token_ids, tenant: str = "") -> PageHashes:
         """The page-hash chain of an append-only token list of this model and `tenant`, to pass as `hashes=`
         to every call about that list (pages are hashed once)."""
-        return self._pool.page_hash_chain(token_ids, tenant=tenant)
+        return self._core.hash_chain(as_token_sequence(token_ids), tenant)
 
     def peek_prefix(self, token_ids, *, tenant: str = "", max_tokens: int | None = None,
                     hashes: PageHashes | None = None) -> tuple[int, int]:
-        """(device_tokens, host_tokens) of the longest cached prefix, touching nothing."""
-        return self._pool.peek_prefix(token_ids, tenant=tenant, max_tokens=max_tokens, hashes=hashes)
+        """(device_tokens, host_tokens) of the longest cached prefix, without taking references, touching
+        LRUs or moving bytes: how much of a sequence the instance already holds."""
+        tokens = as_token_sequence(token_ids)
+        limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
+        return self._core.peek(tokens, tenant, limit, hashes)
 
     def free_blocks(self, *, now: float, shadow: bool = False, limit: int | None = None) -> int:
         """Pages one allocation of this class could get now (at most `limit`): free pages plus the cached
-        pages it may evict (for shadow: within the cap, only cold ones)."""
-        return self._pool.available_blocks(now=now, shadow=shadow, limit=limit)
+        pages it may evict (for shadow: within the cap, only cold ones; Alg. 1 line 11's "free shadow KV").
+        With async CUDA spills an allocation that must evict first returns None until poll() saw the copies
+        complete, although this count includes the pages it evicts."""
+        return self._core.available(now, shadow, self.num_blocks if limit is None else limit)
+
+    def can_allocate(self, n: int, *, now: float, shadow: bool = False) -> bool:
+        """Whether allocate(n, now=now, shadow=shadow) would succeed now (exact with synchronous copies)."""
+        return self.free_blocks(now=now, shadow=shadow, limit=n) >= n
 
     # ---- request-level calls -----------------------------------------------------------------------------
     def match_prefix(self, token_ids, *, now: float, tenant: str = "", shadow: bool = False, promote: bool = False,
                      max_tokens: int | None = None, hashes: PageHashes | None = None) -> PrefixMatch:
-        """Take the longest cached prefix (device pages, host pages reloaded into fresh pages of the caller's
-        class); one reference on every returned page. `promote` (a routed request): hit shadow pages become
-        normal (§3.3)."""
-        return self._pool.acquire_prefix(token_ids, now=now, tenant=tenant, shadow=shadow, promote=promote,
-                                         max_tokens=max_tokens, hashes=hashes)
+        """Take the longest cached prefix of full pages of token_ids (at most max_tokens tokens).
+
+        Each page is found on the device (a page whose spill is in flight is taken back, the eviction
+        cancelled) or in the host tier; host pages are reloaded into fresh pages of the caller's class,
+        stopping at the first one that cannot be allocated now. One reference is taken on every returned
+        page. promote=True (a routed request) turns hit shadow pages into normal ones (§3.3)."""
+        tokens = as_token_sequence(token_ids)
+        limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
+        blocks, device, host, shadow_tokens, ready = self._core.match(tokens, now, tenant, shadow, promote, limit,
+                                                                      hashes)
+        return PrefixMatch(blocks, device + host, device, host, shadow_tokens, ready)
 
     def allocate(self, n: int, *, now: float, shadow: bool = False) -> list[int] | None:
-        """n fresh writable pages (ref 1) of the class, or None (nothing taken)."""
-        return self._pool.allocate(n, now=now, shadow=shadow)
+        """n fresh writable pages (ref 1) of the class, or None (nothing taken) if that cannot be done now.
+        May evict cached pages (spilling them to the host tier). With async CUDA spills an evicted page is
+        handed out only after poll() saw its copy complete: allocate starts the spills it needs and returns
+        None; the same call succeeds on a later iteration."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n: expected an int >= 0, got {n!r}")
+        return self._core.allocate(n, now, shadow)
 
     def commit(self, block_ids, token_ids, *, now: float, tenant: str = "", num_tokens: int | None = None,
                hashes: PageHashes | None = None) -> int:
-        """Register the full pages among the first `num_tokens` tokens in the prefix index; returns how many
-        pages became cache entries."""
-        return self._pool.commit(block_ids, token_ids, now=now, tenant=tenant, num_tokens=num_tokens,
-                                 hashes=hashes)
+        """Register the full pages among the first `num_tokens` tokens (default: all; page i holds
+        token_ids[i*bs:(i+1)*bs]) in the prefix index; the partial last page is not registered. Only pages
+        after the last registered one are hashed (hashes=: taken from / added to the chain). Idempotent.
+        Returns the number of pages that became cache entries (a page whose content is already cached
+        elsewhere gets the hash, for the chain, but stays private and is freed on release)."""
+        return self._core.commit(block_ids, as_token_sequence(token_ids), now, tenant, num_tokens, hashes)
 
     def free(self, block_ids, *, now: float) -> None:
-        """Drop one reference on each page (registered pages stay cached, evictable)."""
-        self._pool.release(block_ids, now=now)
+        """Drop one reference on each page. A page reaching ref 0 stays cached (evictable, most recently used
+        of its class) if it is a registered prefix page, else returns to the free list. Raises ValueError
+        (nothing changed) if a page is not owned or out of range. Tail pages are made older than head
+        pages, so a prefix's end is evicted before its beginning."""
+        self._core.free(block_ids, now)
 
     def touch(self, block_ids, *, now: float) -> None:
-        """Mark cached pages used now (most recently used of their class)."""
-        self._pool.touch(block_ids, now=now)
+        """Mark pages used now: cached ones become the most recently used of their class."""
+        self._core.touch(block_ids, now)
 
     def poll(self, now: float) -> None:
-        """Retire host spills whose copies completed (CUDA; a no-op otherwise)."""
-        self._pool.poll(now)
+        """Retire completed async copies: spilled device pages become free (CUDA; a no-op otherwise)."""
+        self._core.poll(now)
 
     def import_prefix(self, token_ids, *, now: float, tenant: str = "", shadow: bool = False) -> tuple[int, int]:
         """Make `token_ids`' whole pages resident without computing them: KV that arrives from elsewhere (a
@@ -112,15 +213,19 @@ class KVCacheManager:
         the class can get now (normal: free or evictable; shadow: free or cold within the cap). Returns
         (tokens resident, tokens added)."""
         bs = self.block_size
-        pages = len(token_ids) // bs
+        tokens = as_token_sequence(token_ids)
+        pages = len(tokens) // bs
         if pages == 0:
             return 0, 0
-        match = self.match_prefix(token_ids, now=now, tenant=tenant, shadow=shadow, max_tokens=pages * bs)
-        need = pages - len(match.block_ids)
-        new: list[int] = []
-        if need > 0:
-            new = self.allocate(self.free_blocks(now=now, shadow=shadow, limit=need), now=now, shadow=shadow) or []
-        blocks = list(match.block_ids) + new
-        self.commit(blocks, token_ids[:len(blocks) * bs], now=now, tenant=tenant)
-        self.free(blocks, now=now)
+        blocks = self._core.match(tokens, now, tenant, shadow, False, pages * bs, None)[0]
+        new = self._core.allocate_up_to(pages - len(blocks), now, shadow)
+        blocks += new
+        self._core.commit(blocks, tokens, now, tenant, len(blocks) * bs, None)
+        self._core.free(blocks, now)
         return len(blocks) * bs, len(new) * bs
+
+    def _copy(self, to_host: bool, src_ids: list[int], dst_ids: list[int]):
+        """Move pages between the device cache and the host tier; the side-stream event (None: done)."""
+        if to_host:
+            return self.host_tier.spill(self.kv_cache, src_ids, dst_ids)
+        return self.host_tier.reload(self.kv_cache, src_ids, dst_ids)

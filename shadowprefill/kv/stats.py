@@ -1,7 +1,7 @@
-"""PoolStats: the accounting of a BlockPool and its HostTier that engines and the simulator read.
+"""PoolStats: the accounting of a KVCacheManager and its HostTier that engines and the simulator read.
 
 Counters accumulate from construction; gauges (`*_blocks`, `host_*`) are a snapshot taken when
-`BlockPool.stats` is read. Pages are counted in pages, hits in tokens, transfers in pages and bytes.
+`KVCacheManager.stats` is read. Pages are counted in pages, hits in tokens, transfers in pages and bytes.
 Shadow accounting (paper §3.3, §5.4 "shadow waste"): a shadow page is *used* when a routed request hits it
 (promotion) and *wasted* when its content leaves the last tier (device and host) without having been
 promoted, or a shadow page is freed unregistered (a partial page of a dropped shadow job).

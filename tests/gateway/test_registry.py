@@ -7,7 +7,8 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from shadowprefill.gateway.placement import apply_placement, plan_placement
-from shadowprefill.gateway.registry import CacheLayout, CacheRegistry, Location, block_hash_chain
+from shadowprefill.gateway.registry import CacheLayout, CacheRegistry, Location
+from shadowprefill.kv import page_hashes
 from shadowprefill.gateway.sites import Link, Site, Topology
 
 BS = 4
@@ -71,7 +72,7 @@ def test_tenant_isolation_and_revocation():
     assert reg.lookup("bob", "m", toks, now=1) is None
     assert reg.hits("bob", "m", toks, now=1) == []
     # identical tokens of two tenants hash to disjoint chains
-    assert not set(block_hash_chain(toks, BS, "alice\x00m\x00v1")) & set(block_hash_chain(toks, BS, "bob\x00m\x00v1"))
+    assert not set(page_hashes(toks, BS, "alice\x00m\x00v1")) & set(page_hashes(toks, BS, "bob\x00m\x00v1"))
     bob = reg.insert("bob", "m", "v1", toks[:32], LAYOUT, Location("s"), now=1)
     hit = reg.lookup("bob", "m", toks, now=2)
     assert hit.entry.entry_id == bob.entry_id and hit.matched_tokens == 32  # never alice's longer entry

@@ -6,7 +6,7 @@ while its spill is in flight is served from the device; a page still read by a c
 reloads return the event the forward must wait on. On a GPU, test_host_tier.py runs the real thing."""
 import torch
 
-from shadowprefill.kv.block_pool import BlockPool
+from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.host_tier import HostTier
 from shadowprefill.kv.spec import KVCacheSpec
 
@@ -25,7 +25,7 @@ class ManualEvent:
 def make_pool(num_blocks=4, host_pages=8):
     cache = SPEC.allocate(num_blocks).normal_()
     host = HostTier(host_pages, spec=SPEC, pin_memory=False)
-    pool = BlockPool(num_blocks, BS, kv_cache=cache, host_tier=host)
+    pool = KVCacheManager(num_blocks, BS, kv_cache=cache, host_tier=host)
     events = []
     for name in ("spill", "reload"):
         copy = getattr(host, name)
@@ -41,7 +41,7 @@ def make_pool(num_blocks=4, host_pages=8):
 def cached(pool, tokens, now):
     ids = pool.allocate(len(tokens) // BS, now=now)
     pool.commit(ids, tokens, now=now)
-    pool.release(ids, now=now)
+    pool.free(ids, now=now)
     return ids
 
 
@@ -67,11 +67,11 @@ def test_hit_during_spill_is_served_from_the_device_and_not_freed_early():
     toks = [1, 2, 3, 4, 5, 6, 7, 8]
     ids = cached(pool, toks, now=0)
     assert pool.allocate(4, now=1) is None                        # all four spilling
-    m = pool.acquire_prefix(toks, now=2)
+    m = pool.match_prefix(toks, now=2)
     assert m.block_ids == ids and m.device_tokens == 4 * BS and m.host_tokens == 0
     assert pool.stats.spills_cancelled == 4 and pool.num_spilling_blocks == 0
     assert m.ready_event is events[0]                              # the spill may still read these pages
-    pool.release(m.block_ids, now=3)
+    pool.free(m.block_ids, now=3)
     assert pool.allocate(1, now=4) is None                        # the host holds it already, but the
     assert pool.num_spilling_blocks == 1 and pool.stats.spills == 4   # copy out of it still runs: parked
     events[0].done = True
@@ -88,14 +88,14 @@ def test_reload_returns_the_event_to_wait_on():
     events[0].done = True
     hold = pool.allocate(4, now=2)
     cache[hold] = float("nan")
-    pool.release(hold, now=3)
-    m = pool.acquire_prefix(toks, now=4)
+    pool.free(hold, now=3)
+    m = pool.match_prefix(toks, now=4)
     assert m.host_tokens == 2 * BS and m.ready_event is events[-1] and not events[-1].done
     assert torch.equal(cache[m.block_ids], written)
-    again = pool.acquire_prefix(toks, now=4)                      # device hits on pages still being written
+    again = pool.match_prefix(toks, now=4)                      # device hits on pages still being written
     assert again.device_tokens == 2 * BS and again.ready_event is events[-1]
     events[-1].done = True
     pool.poll(5)
-    third = pool.acquire_prefix(toks, now=5)
+    third = pool.match_prefix(toks, now=5)
     assert third.ready_event is None
     assert len(other) == 2

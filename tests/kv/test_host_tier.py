@@ -4,7 +4,7 @@ on a CUDA machine the same tests run with the device cache on the GPU and async 
 import pytest
 import torch
 
-from shadowprefill.kv.block_pool import BlockPool
+from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.host_tier import DEFAULT_CAPACITY_BYTES, HostTier
 from shadowprefill.kv.spec import KVCacheSpec
 from shadowprefill.ops import paged_attention, reference
@@ -35,38 +35,32 @@ def test_allocation_failure_names_the_size():
 
 def test_lru_put_get_drop():
     tier = HostTier(2)
-    s1, copy, dropped = tier.put(1, ("k", 1), shadow=True)
+    s1, copy, dropped = tier.put(1, shadow=True)
     assert copy and dropped == [] and tier.num_shadow == 1
-    tier.put(2, ("k", 2), shadow=False)
-    assert tier.get(1, ("k", 1)) == s1                          # 1 becomes the most recently used
-    assert tier.get(1, ("other", 1)) == -1                       # same hash, different key: no match
-    s3, copy, dropped = tier.put(3, ("k", 3), shadow=False)
+    tier.put(2, shadow=False)
+    assert tier.get(1) == s1 and tier.peek(5) == -1             # 1 becomes the most recently used
+    s3, copy, dropped = tier.put(3, shadow=False)
     assert copy and dropped == [(2, False)] and s3 != s1
     assert 2 not in tier and 1 in tier and tier.num_used == 2
-    assert tier.put(1, ("k", 1), shadow=False) == (s1, False, [])   # already held: no copy, class updated
+    assert tier.put(1, shadow=False) == (s1, False, [])   # already held: no copy, class updated
     assert tier.num_shadow == 0 and [h for h, _ in tier.items()] == [3, 1]
-    tier.discard(1)
-    assert tier.num_used == 1
-    s4, copy, dropped = tier.put(4, ("k", 4), shadow=True)     # the discarded slot is reused, nothing dropped
-    assert s4 == s1 and dropped == [] and [h for h, _ in tier.items()] == [3, 4] and tier.num_shadow == 1
+    s4, copy, dropped = tier.put(4, shadow=True)               # the LRU entry (3) is dropped for it
+    assert dropped == [(3, False)] and [h for h, _ in tier.items()] == [1, 4] and tier.num_shadow == 1
     # more pages than the tier holds: the earliest admitted ones are dropped again by the later ones
-    slots, copy, dropped = tier.put_many([5, 6, 7], [("k", 5), ("k", 6), ("k", 7)], [False, True, False])
-    assert copy == [False, True, True] and [h for h, _ in dropped] == [3, 4, 5] and [h for h, _ in tier.items()] == [6, 7]
+    slots, copy, dropped = tier.put_many([5, 6, 7], [False, True, False])
+    assert copy == [False, True, True] and [h for h, _ in dropped] == [1, 4, 5] and [h for h, _ in tier.items()] == [6, 7]
     assert tier.num_shadow == 1
-    assert HostTier(0).put(1, ("k", 1), shadow=False) == (-1, False, [])
-    # a hash collision (same hash, another key) never serves the other page's bytes: it is replaced
-    slot, copy, _ = tier.put(7, ("other", 7), shadow=False)
-    assert copy and tier.get(7, ("k", 7)) == -1 and tier.get(7, ("other", 7)) == slot
+    assert HostTier(0).put(1, shadow=False) == (-1, False, [])
 
 
 def test_pool_and_tier_must_match():
     spec = KVCacheSpec(1, 1, 4, 4, torch.float32)
     cache = spec.allocate(4)
     with pytest.raises(ValueError, match="host_tier"):
-        BlockPool(4, 4, kv_cache=cache, host_tier=HostTier(4, page_bytes=spec.page_bytes))
+        KVCacheManager(4, 4, kv_cache=cache, host_tier=HostTier(4, page_bytes=spec.page_bytes))
     other = KVCacheSpec(1, 1, 8, 4, torch.float32)
     with pytest.raises(ValueError, match="host_tier"):
-        BlockPool(4, 4, kv_cache=cache, host_tier=HostTier(4, spec=other, pin_memory=False))
+        KVCacheManager(4, 4, kv_cache=cache, host_tier=HostTier(4, spec=other, pin_memory=False))
 
 
 def test_page_dropped_and_readmitted_in_one_eviction_batch_keeps_its_bytes():
@@ -76,18 +70,18 @@ def test_page_dropped_and_readmitted_in_one_eviction_batch_keeps_its_bytes():
     cache = spec.allocate(8).normal_()
     host = HostTier(4, spec=spec, pin_memory=False)
     host.cache.fill_(float("nan"))
-    pool = BlockPool(8, 2, kv_cache=cache, host_tier=host)
+    pool = KVCacheManager(8, 2, kv_cache=cache, host_tier=host)
     ids = pool.allocate(4, now=0)
     pool.commit(ids, [0] * 8, now=0)
-    pool.release(ids, now=0)
+    pool.free(ids, now=0)
     expect = {pool.block_hash(b): cache[b].clone() for b in ids}
     hold = pool.allocate(7, now=1)                 # evicts pages 3, 2, 1 into the host
     cache[hold] = float("nan")
-    pool.release(hold, now=1)
-    m = pool.acquire_prefix([0] * 12, now=2)       # page 0 on the device, 1..3 reloaded (host keeps copies)
+    pool.free(hold, now=1)
+    m = pool.match_prefix([0] * 12, now=2)       # page 0 on the device, 1..3 reloaded (host keeps copies)
     more = pool.allocate(2, now=2)
     pool.commit(m.block_ids + more, [0] * 12, now=2)
-    pool.release(m.block_ids + more, now=2)
+    pool.free(m.block_ids + more, now=2)
     hashes = [pool.block_hash(b) for b in ids]
     assert [h for h, _ in host.items()] == hashes[1:]
     hold = pool.allocate(7, now=3)                 # victims 5, 4, 3, 2, 1: page 4 drops page 1's entry, pages 3
@@ -123,19 +117,19 @@ def test_round_trip_device_host_device_is_byte_exact(device, dtype):
     spec = KVCacheSpec(num_layers=3, num_kv_heads=2, head_dim=8, block_size=4, dtype=dtype)
     num_blocks, n_pages = 10, 6
     cache = spec.allocate(num_blocks, device)
-    pool = BlockPool(num_blocks, 4, kv_cache=cache, host_tier=HostTier(8, spec=spec), model_id="m")
+    pool = KVCacheManager(num_blocks, 4, kv_cache=cache, host_tier=HostTier(8, spec=spec), model_id="m")
     toks = torch.randint(0, 1000, (n_pages * 4,)).tolist()
     ids = pool.allocate(n_pages, now=0)
     written = _random_bits(spec.shape(n_pages), dtype)
     cache[ids] = written.to(device)
     pool.commit(ids, toks, now=0)
-    pool.release(ids, now=0)
+    pool.free(ids, now=0)
     hold = _allocate_evicting(pool, num_blocks, now=1)           # evicts (spills) all six pages
     assert pool.stats.spills == n_pages
     cache[hold] = torch.full(spec.shape(num_blocks), float("nan"), dtype=dtype, device=device)  # poison
-    pool.release(hold, now=2)
+    pool.free(hold, now=2)
     pool.allocate(3, now=2)                                      # reloads land in other pages than before
-    m = pool.acquire_prefix(toks, now=3)
+    m = pool.match_prefix(toks, now=3)
     assert m.host_tokens == n_pages * 4 and pool.stats.reloads == n_pages and set(m.block_ids) != set(ids)
     if m.ready_event is not None:
         torch.cuda.current_stream().wait_event(m.ready_event)
@@ -149,7 +143,7 @@ def test_paged_attention_identical_before_spill_and_after_reload(device):
     spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=16, block_size=bs, dtype=torch.float32)
     cache = spec.allocate(12, device)
     cache.fill_(float("nan"))
-    pool = BlockPool(12, bs, kv_cache=cache, host_tier=HostTier(12, spec=spec))
+    pool = KVCacheManager(12, bs, kv_cache=cache, host_tier=HostTier(12, spec=spec))
     seq_len = n_pages * bs - 2                                   # partial last page
     toks = torch.randint(0, 1000, (seq_len,)).tolist()
     ids = pool.allocate(n_pages, now=0)
@@ -170,11 +164,11 @@ def test_paged_attention_identical_before_spill_and_after_reload(device):
                                rtol=1e-5, atol=1e-5)
     tail = cache[ids[-1]].clone()
     pool.commit(ids, toks, now=0)                                # registers the 4 full pages
-    pool.release(ids[:-1], now=0)
+    pool.free(ids[:-1], now=0)
     hold = _allocate_evicting(pool, pool.num_free_blocks + pool.num_cached_blocks, now=1)  # spill the 4 pages
     cache[hold] = float("nan")
-    pool.release(hold, now=2)
-    m = pool.acquire_prefix(toks, now=3)
+    pool.free(hold, now=2)
+    m = pool.match_prefix(toks, now=3)
     assert m.host_tokens == 4 * bs                              # the bytes come back from the host
     if m.ready_event is not None:
         torch.cuda.current_stream().wait_event(m.ready_event)

@@ -1,4 +1,4 @@
-"""Hypothesis state machine over BlockPool + HostTier with real (CPU) tensors.
+"""Hypothesis state machine over KVCacheManager + HostTier with real (CPU) tensors.
 
 Random sequences of admit (prefix lookup + allocate + write + commit), append, finish (free), memory
 pressure (allocate, scribble, free: evictions and spills), lookups that reload from the host, bad frees and
@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shadowprefill.kv.block_pool import BlockPool
+from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.host_tier import HostTier
 from shadowprefill.kv.spec import KVCacheSpec
 
@@ -38,7 +38,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.cache = SPEC.allocate(NUM_BLOCKS).fill_(float("nan"))
         self.host = HostTier(HOST_PAGES, spec=SPEC, pin_memory=False)
         self.host.cache.fill_(float("nan"))
-        self.pool = BlockPool(NUM_BLOCKS, BS, kv_cache=self.cache, host_tier=self.host, shadow_fraction=0.5,
+        self.pool = KVCacheManager(NUM_BLOCKS, BS, kv_cache=self.cache, host_tier=self.host, shadow_fraction=0.5,
                               cold_age_s=5.0, model_id="m")
         self.now = 0.0
         self.seqs: dict[int, Seq] = {}
@@ -99,7 +99,7 @@ class PoolMachine(RuleBasedStateMachine):
         tenant, tokens = self.draw_prompt(data)
         pool = self.pool
         device_before, host_before = pool.peek_prefix(tokens, tenant=tenant)
-        m = pool.acquire_prefix(tokens, now=self.now, tenant=tenant, shadow=shadow, promote=promote)
+        m = pool.match_prefix(tokens, now=self.now, tenant=tenant, shadow=shadow, promote=promote)
         assert m.num_tokens == len(m.block_ids) * BS == m.device_tokens + m.host_tokens
         assert m.num_tokens <= device_before + host_before and m.host_tokens <= host_before
         if host_before == 0:
@@ -112,7 +112,7 @@ class PoolMachine(RuleBasedStateMachine):
         new = pool.allocate(need, now=self.now, shadow=shadow)
         assert (new is not None) == can if self.exact_can_allocate else (new is None or can)
         if new is None:
-            pool.release(m.block_ids, now=self.now)
+            pool.free(m.block_ids, now=self.now)
             return
         seq = Seq(tenant, list(tokens), m.block_ids + new, shadow)
         for i in range(len(m.block_ids), len(seq.blocks)):
@@ -127,11 +127,11 @@ class PoolMachine(RuleBasedStateMachine):
     def lookup(self, data, promote):
         """A prefix lookup that is dropped at once (e.g. an admission that then waits): reloads, cancels."""
         tenant, tokens = data.draw(st.sampled_from(self.history))
-        m = self.pool.acquire_prefix(tokens, now=self.now, tenant=tenant, promote=promote)
+        m = self.pool.match_prefix(tokens, now=self.now, tenant=tenant, promote=promote)
         self.wait(m.ready_event)
         for i, b in enumerate(m.block_ids):
             assert torch.equal(self.cache[b], self.page_content(tenant, tokens[:(i + 1) * BS]))
-        self.pool.release(m.block_ids, now=self.now)
+        self.pool.free(m.block_ids, now=self.now)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), n=st.integers(1, 4))
@@ -151,7 +151,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish(self, data):
         sid = data.draw(st.sampled_from(sorted(self.seqs)))
-        self.pool.release(self.seqs.pop(sid).blocks, now=self.now)
+        self.pool.free(self.seqs.pop(sid).blocks, now=self.now)
 
     @rule(n=st.integers(1, NUM_BLOCKS), shadow=st.booleans())
     def pressure(self, n, shadow):
@@ -159,7 +159,7 @@ class PoolMachine(RuleBasedStateMachine):
         ids = self.pool.allocate(n, now=self.now, shadow=shadow)
         if ids is not None:
             self.cache[ids] = float("nan")
-            self.pool.release(ids, now=self.now)
+            self.pool.free(ids, now=self.now)
 
     @rule(data=st.data())
     def bad_release(self, data):
@@ -167,7 +167,7 @@ class PoolMachine(RuleBasedStateMachine):
         if unowned:
             b = data.draw(st.sampled_from(unowned))
             try:
-                self.pool.release([b], now=self.now)
+                self.pool.free([b], now=self.now)
             except ValueError:
                 return
             raise AssertionError("releasing an unowned page did not raise")
@@ -196,8 +196,9 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def partition_and_classes(self):
         pool = self.pool
-        free, spilling = pool._free, set(pool._spilling)
-        normal_lru, shadow_lru = set(pool._lru[0]), set(pool._lru[1])
+        snap = pool.snapshot()
+        free, spilling = snap["free"], set(snap["spilling"])
+        normal_lru, shadow_lru = {b for b, _ in snap["lru"][0]}, {b for b, _ in snap["lru"][1]}
         in_use = {b for b in range(NUM_BLOCKS) if pool.ref_count(b) > 0}
         assert len(set(free)) == len(free)
         assert not spilling & in_use and all(pool.ref_count(b) == 0 for b in spilling)
@@ -208,7 +209,7 @@ class PoolMachine(RuleBasedStateMachine):
         num_shadow = sum(pool.is_shadow(b) for b in range(NUM_BLOCKS))
         assert num_shadow == pool.num_shadow_blocks <= pool.shadow_cap
         for b in normal_lru | shadow_lru:
-            assert pool._cache[pool.block_hash(b)] == b
+            assert snap["index"][pool.block_hash(b)] == b
         s = pool.stats
         assert (s.free_blocks + s.normal_in_use_blocks + s.shadow_in_use_blocks + s.normal_cached_blocks
                 + s.shadow_cached_blocks + s.spilling_blocks) == NUM_BLOCKS
@@ -218,7 +219,7 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def cached_hashes_hold_their_bytes(self):
         pending_pages, pending_slots = self.pages_in_flight()
-        for h, b in self.pool._cache.items():
+        for h, b in self.pool.snapshot()["index"].items():
             tenant, prefix = self.hash_owner[h]
             if b not in pending_pages:
                 assert torch.equal(self.cache[b], self.page_content(tenant, prefix)), "device entry corrupted"

@@ -146,11 +146,9 @@ def pool_state(manager):
     """Everything a prefix lookup could disturb, on every instance (test-only look at pool internals)."""
     out = []
     for inst in manager.all_instances():
-        pool = inst.engine.kv._pool
-        host = pool.host_tier
-        out.append((list(pool._lru[0].items()), list(pool._lru[1].items()), list(pool._ref), list(pool._shadow),
-                    list(pool._free), pool._now, dict(vars(pool._stats)),
-                    None if host is None else list(host._lru.items())))
+        kv = inst.engine.kv
+        host = kv.host_tier
+        out.append((kv.snapshot(), kv.stats.as_dict(), None if host is None else list(host.items())))
     return out
 
 

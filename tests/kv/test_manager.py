@@ -1,14 +1,19 @@
-"""BlockPool on hand-built scenarios (bookkeeping-only mode): allocation, ref counts, prefix cache, the
+"""KVCacheManager on hand-built scenarios (bookkeeping-only mode): allocation, ref counts, prefix cache, the
 shadow-class rules of paper §3.3 (cap, cold age, evict-first, LRU within class, promotion), tenant and model
 isolation, the host tier's decisions and the accounting. Bytes are tested in test_host_tier.py and the
 state machine."""
 import pytest
 
-from shadowprefill.kv.block_pool import BlockPool
+from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.host_tier import HostTier
-from shadowprefill.kv.prefix_hash import page_hashes
+from shadowprefill.kv.page_hash import page_hashes, pool_salt
 
 BS = 4
+
+
+def pool_hashes(toks, model_id="", tenant=""):
+    """The page hashes a pool of `model_id` registers for a sequence of `tenant`."""
+    return page_hashes(toks, BS, pool_salt(model_id, tenant))
 
 
 def tokens(start, n_pages, extra=0):
@@ -20,12 +25,12 @@ def cached_sequence(pool, toks, *, now, shadow=False, tenant=""):
     ids = pool.allocate(-(-len(toks) // BS), now=now, shadow=shadow)
     assert ids is not None
     pool.commit(ids, toks, now=now, tenant=tenant)
-    pool.release(ids, now=now)
+    pool.free(ids, now=now)
     return ids
 
 
 def test_allocate_is_all_or_nothing():
-    pool = BlockPool(8, BS)
+    pool = KVCacheManager(8, BS)
     assert pool.allocate(9, now=0) is None
     assert pool.num_free_blocks == 8 and pool.stats.allocation_failures == 1
     ids = pool.allocate(8, now=0)
@@ -35,105 +40,105 @@ def test_allocate_is_all_or_nothing():
 
 
 def test_release_rejects_unowned_and_double_free_and_changes_nothing():
-    pool = BlockPool(8, BS)
+    pool = KVCacheManager(8, BS)
     ids = pool.allocate(3, now=0)
     with pytest.raises(ValueError, match="block_ids"):
-        pool.release([ids[0], 7], now=0)          # 7 was never allocated
+        pool.free([ids[0], 7], now=0)          # 7 was never allocated
     assert [pool.ref_count(b) for b in ids] == [1, 1, 1]
     with pytest.raises(ValueError, match="block_ids"):
-        pool.release([ids[0], ids[0]], now=0)     # the same page twice with one reference
+        pool.free([ids[0], ids[0]], now=0)     # the same page twice with one reference
     assert pool.ref_count(ids[0]) == 1
     with pytest.raises(ValueError, match="out of range"):
-        pool.release([-1], now=0)
-    pool.release(ids, now=0)
+        pool.free([-1], now=0)
+    pool.free(ids, now=0)
     assert pool.num_free_blocks == 8
     with pytest.raises(ValueError, match="double free"):
-        pool.release(ids[:1], now=0)
+        pool.free(ids[:1], now=0)
 
 
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="shadow_fraction"):
-        BlockPool(8, BS, shadow_fraction=1.5)
+        KVCacheManager(8, BS, shadow_fraction=1.5)
     with pytest.raises(TypeError, match="num_blocks"):
-        BlockPool(8.0, BS)
+        KVCacheManager(8.0, BS)
     with pytest.raises(ValueError, match="kv_cache"):
         import torch
-        BlockPool(8, BS, kv_cache=torch.zeros(8, 1, 2, 1, BS + 1, 2))
-    pool = BlockPool(8, BS)
+        KVCacheManager(8, BS, kv_cache=torch.zeros(8, 1, 2, 1, BS + 1, 2))
+    pool = KVCacheManager(8, BS)
     with pytest.raises(ValueError, match="n"):
         pool.allocate(-1, now=0)
     pool.allocate(1, now=5)
     with pytest.raises(ValueError, match="now"):
         pool.allocate(1, now=4)
     with pytest.raises(TypeError, match="token_ids"):
-        pool.acquire_prefix("abc", now=5)
+        pool.match_prefix("abc", now=5)
 
 
 def test_commit_registers_full_pages_only_and_is_idempotent():
-    pool = BlockPool(8, BS)
+    pool = KVCacheManager(8, BS)
     toks = tokens(0, 2, extra=3)                  # 2 full pages + a partial one
     ids = pool.allocate(3, now=0)
     assert pool.commit(ids, toks, now=0) == 2
     assert pool.commit(ids, toks, now=0) == 0
     assert pool.block_hash(ids[2]) is None
-    assert [pool.block_hash(b) for b in ids[:2]] == page_hashes(toks, BS)
-    pool.release(ids, now=1)
+    assert [pool.block_hash(b) for b in ids[:2]] == pool_hashes(toks)
+    pool.free(ids, now=1)
     assert pool.num_free_blocks == 6 and pool.num_cached_blocks == 2   # the partial page went back to free
-    m = pool.acquire_prefix(toks, now=2)
+    m = pool.match_prefix(toks, now=2)
     assert m.block_ids == ids[:2] and m.num_tokens == 2 * BS and m.device_tokens == 2 * BS
     assert pool.num_cached_blocks == 0 and all(pool.ref_count(b) == 1 for b in ids[:2])
 
 
 def test_shared_prefix_pages_are_read_only_and_counted():
-    pool = BlockPool(16, BS)
+    pool = KVCacheManager(16, BS)
     toks = tokens(0, 3)
     a = pool.allocate(3, now=0)
     pool.commit(a, toks, now=0)
-    m = pool.acquire_prefix(toks + [99], now=1)   # a second sequence, same prompt: shares the 3 pages
+    m = pool.match_prefix(toks + [99], now=1)   # a second sequence, same prompt: shares the 3 pages
     assert m.block_ids == a and all(pool.ref_count(b) == 2 for b in a)
-    pool.release(a, now=2)
+    pool.free(a, now=2)
     assert all(pool.ref_count(b) == 1 for b in a) and pool.num_cached_blocks == 0
-    m2 = pool.acquire_prefix(toks, now=3, max_tokens=3 * BS - 1)   # max_tokens rounds down to full pages
+    m2 = pool.match_prefix(toks, now=3, max_tokens=3 * BS - 1)   # max_tokens rounds down to full pages
     assert m2.block_ids == a[:2]
     assert pool.stats.miss_tokens == 1 + (3 * BS - 1 - 2 * BS)
 
 
 def test_duplicate_content_stays_private():
-    pool = BlockPool(8, BS)
+    pool = KVCacheManager(8, BS)
     toks = tokens(0, 1)
     a, b = pool.allocate(1, now=0), pool.allocate(1, now=0)   # two requests computed the same page
     assert pool.commit(a, toks, now=0) == 1 and pool.commit(b, toks, now=0) == 0
-    pool.release(b, now=1)
+    pool.free(b, now=1)
     assert pool.num_free_blocks == 7          # the duplicate is not a cache entry: freed
-    pool.release(a, now=1)
+    pool.free(a, now=1)
     assert pool.num_cached_blocks == 1
 
 
 def test_tenant_isolation():
-    pool = BlockPool(16, BS)
+    pool = KVCacheManager(16, BS)
     toks = tokens(0, 2)
     ids = cached_sequence(pool, toks, now=0, tenant="alice")
-    m = pool.acquire_prefix(toks, now=1, tenant="bob")
+    m = pool.match_prefix(toks, now=1, tenant="bob")
     assert m.block_ids == [] and m.num_tokens == 0
     assert pool.peek_prefix(toks, tenant="bob") == (0, 0)
-    assert pool.acquire_prefix(toks, now=1, tenant="alice").block_ids == ids[:2]
-    assert page_hashes(toks, BS, tenant="alice") != page_hashes(toks, BS, tenant="bob")
+    assert pool.match_prefix(toks, now=1, tenant="alice").block_ids == ids[:2]
+    assert pool_hashes(toks, tenant="alice") != pool_hashes(toks, tenant="bob")
 
 
 def test_model_isolation_through_a_shared_host_tier():
     host = HostTier(8, page_bytes=64)
-    pa = BlockPool(4, BS, host_tier=host, page_bytes=64, model_id="llama-3-8b")
-    pb = BlockPool(4, BS, host_tier=host, page_bytes=64, model_id="qwen-2.5-7b")
+    pa = KVCacheManager(4, BS, host_tier=host, page_bytes=64, model_id="llama-3-8b")
+    pb = KVCacheManager(4, BS, host_tier=host, page_bytes=64, model_id="qwen-2.5-7b")
     toks = tokens(0, 2)
     cached_sequence(pa, toks, now=0)
     assert pa.allocate(4, now=1) is not None      # evicts pa's pages into the shared host tier
     assert host.num_used == 2
-    assert pb.acquire_prefix(toks, now=2).num_tokens == 0
-    assert page_hashes(toks, BS, model_id="llama-3-8b") != page_hashes(toks, BS, model_id="qwen-2.5-7b")
+    assert pb.match_prefix(toks, now=2).num_tokens == 0
+    assert pool_hashes(toks, model_id="llama-3-8b") != pool_hashes(toks, model_id="qwen-2.5-7b")
 
 
 def test_eviction_takes_shadow_before_normal_even_if_newer():
-    pool = BlockPool(8, BS, shadow_fraction=0.5)
+    pool = KVCacheManager(8, BS, shadow_fraction=0.5)
     normal = cached_sequence(pool, tokens(0, 2), now=0)
     shadow = cached_sequence(pool, tokens(100, 2), now=10, shadow=True)   # more recently used
     pool.allocate(4, now=11)                      # takes the 4 remaining free pages, no eviction
@@ -145,7 +150,7 @@ def test_eviction_takes_shadow_before_normal_even_if_newer():
 
 
 def test_lru_within_class_and_touch():
-    pool = BlockPool(6, BS)
+    pool = KVCacheManager(6, BS)
     first = cached_sequence(pool, tokens(0, 2), now=1)
     second = cached_sequence(pool, tokens(100, 2), now=2)
     pool.allocate(2, now=3)
@@ -153,43 +158,43 @@ def test_lru_within_class_and_touch():
     got = pool.allocate(2, now=5)
     assert sorted(got) == sorted(second)
     # within one released sequence the tail page is older than the head page: evicted first
-    pool2 = BlockPool(3, BS)
+    pool2 = KVCacheManager(3, BS)
     ids = cached_sequence(pool2, tokens(0, 3), now=0)
     assert pool2.allocate(1, now=1) == [ids[2]]
     assert pool2.peek_prefix(tokens(0, 3)) == (2 * BS, 0)
 
 
 def test_shadow_allocation_cold_age_rule():
-    pool = BlockPool(8, BS, shadow_fraction=0.5, cold_age_s=5.0)
+    pool = KVCacheManager(8, BS, shadow_fraction=0.5, cold_age_s=5.0)
     held = pool.allocate(4, now=0)                # in use: never taken
     cached_sequence(pool, tokens(0, 4), now=0)    # 4 normal entries, last used at t=0
     assert pool.num_free_blocks == 0
     assert not pool.can_allocate(1, now=4.0, shadow=True) and pool.allocate(1, now=4.0, shadow=True) is None
-    assert pool.available_blocks(now=5.0, shadow=True) == 0   # idle exactly 5 s is not "more than 5 s"
+    assert pool.free_blocks(now=5.0, shadow=True) == 0   # idle exactly 5 s is not "more than 5 s"
     assert pool.can_allocate(4, now=5.5, shadow=True) and not pool.can_allocate(5, now=5.5, shadow=True)
     got = pool.allocate(4, now=5.5, shadow=True)
     assert got is not None and not set(got) & set(held)
     assert all(pool.is_shadow(b) for b in got) and pool.num_shadow_blocks == 4
     # a normal allocation may evict any entry, however fresh
-    pool.release(got, now=6)
+    pool.free(got, now=6)
     assert pool.allocate(4, now=6) is not None
 
 
 def test_shadow_cap_and_promotion():
-    pool = BlockPool(16, BS, shadow_fraction=0.25)   # cap 4
+    pool = KVCacheManager(16, BS, shadow_fraction=0.25)   # cap 4
     assert pool.shadow_cap == 4
     assert pool.allocate(5, now=0, shadow=True) is None
     job = pool.allocate(4, now=0, shadow=True)
     assert pool.allocate(1, now=0, shadow=True) is None and pool.num_free_blocks == 12
     toks = tokens(0, 4)
     pool.commit(job, toks, now=0)
-    pool.release(job, now=1)
+    pool.free(job, now=1)
     # a shadow job's own lookup does not promote
-    m = pool.acquire_prefix(toks, now=2, shadow=True)
+    m = pool.match_prefix(toks, now=2, shadow=True)
     assert m.shadow_tokens == 4 * BS and pool.num_shadow_blocks == 4
-    pool.release(m.block_ids, now=2)
+    pool.free(m.block_ids, now=2)
     # a routed request hits the shadow pages: they become normal and the cap frees up
-    m = pool.acquire_prefix(toks, now=3, promote=True, max_tokens=2 * BS)
+    m = pool.match_prefix(toks, now=3, promote=True, max_tokens=2 * BS)
     assert m.shadow_tokens == 2 * BS and not any(pool.is_shadow(b) for b in m.block_ids)
     assert pool.num_shadow_blocks == 2 and pool.stats.shadow_blocks_promoted == 2
     assert pool.stats.shadow_tokens_used == 2 * BS
@@ -197,7 +202,7 @@ def test_shadow_cap_and_promotion():
 
 
 def test_shadow_cap_recycles_cold_shadow_entries_first():
-    pool = BlockPool(16, BS, shadow_fraction=0.25, cold_age_s=5.0)
+    pool = KVCacheManager(16, BS, shadow_fraction=0.25, cold_age_s=5.0)
     old = cached_sequence(pool, tokens(0, 4), now=0, shadow=True)        # at the cap, all cached
     assert pool.allocate(1, now=1, shadow=True) is None                  # entries not cold yet
     got = pool.allocate(2, now=6, shadow=True)                            # cold: recycled despite free pages
@@ -208,7 +213,7 @@ def test_shadow_cap_recycles_cold_shadow_entries_first():
 def test_host_tier_spill_reload_and_drop_accounting():
     page_bytes = 1000
     host = HostTier(3, page_bytes=page_bytes)
-    pool = BlockPool(4, BS, host_tier=host, page_bytes=page_bytes)
+    pool = KVCacheManager(4, BS, host_tier=host, page_bytes=page_bytes)
     toks = tokens(0, 4)
     cached_sequence(pool, toks, now=0)
     hold = pool.allocate(4, now=1)                # evicts all 4; the host keeps the 3 most recent (head)
@@ -216,27 +221,27 @@ def test_host_tier_spill_reload_and_drop_accounting():
     assert st.normal_evictions == 4 and st.spills == 3 and st.host_drops == 1
     assert st.spill_bytes == 3 * page_bytes and host.num_used == 3
     assert pool.peek_prefix(toks) == (0, 3 * BS)
-    pool.release(hold[:2], now=2)                 # 2 free pages: the reload stops after 2
-    m = pool.acquire_prefix(toks, now=3)
+    pool.free(hold[:2], now=2)                 # 2 free pages: the reload stops after 2
+    m = pool.match_prefix(toks, now=3)
     assert m.host_tokens == 2 * BS and m.device_tokens == 0 and len(m.block_ids) == 2
     assert pool.stats.reloads == 2 and pool.stats.reload_bytes == 2 * page_bytes
-    pool.release(m.block_ids + hold[2:], now=4)
-    m = pool.acquire_prefix(toks, now=5)          # head pages on the device, the third from the host
+    pool.free(m.block_ids + hold[2:], now=4)
+    m = pool.match_prefix(toks, now=5)          # head pages on the device, the third from the host
     assert (m.device_tokens, m.host_tokens) == (2 * BS, BS)
-    assert [pool.block_hash(b) for b in m.block_ids] == page_hashes(toks, BS)[:3]
+    assert [pool.block_hash(b) for b in m.block_ids] == pool_hashes(toks)[:3]
 
 
 def test_shadow_waste_counts_only_content_lost_everywhere():
     host = HostTier(2, page_bytes=8)
-    pool = BlockPool(4, BS, host_tier=host, page_bytes=8, shadow_fraction=1.0)
+    pool = KVCacheManager(4, BS, host_tier=host, page_bytes=8, shadow_fraction=1.0)
     toks = tokens(0, 2)
     cached_sequence(pool, toks, now=0, shadow=True)
     hold = pool.allocate(4, now=1)                # both shadow pages spilled, nothing lost yet
     assert pool.stats.shadow_blocks_wasted == 0 and host.num_shadow == 2
-    pool.release(hold, now=2)
-    m = pool.acquire_prefix(toks, now=3, promote=True)   # routed hit from the host: used
+    pool.free(hold, now=2)
+    m = pool.match_prefix(toks, now=3, promote=True)   # routed hit from the host: used
     assert m.shadow_tokens == 2 * BS and pool.stats.shadow_blocks_promoted == 2 and host.num_shadow == 0
-    pool.release(m.block_ids, now=4)
+    pool.free(m.block_ids, now=4)
     cached_sequence(pool, tokens(100, 2), now=5, shadow=True)   # 2 new shadow entries, never hit
     pool.allocate(4, now=6)                       # evicts shadow then normal entries into the 2-page host:
     st = pool.stats                               # the normal ones (spilled last) push the shadow ones out
@@ -246,7 +251,7 @@ def test_shadow_waste_counts_only_content_lost_everywhere():
 
 
 def test_peek_prefix_changes_nothing():
-    pool = BlockPool(8, BS)
+    pool = KVCacheManager(8, BS)
     toks = tokens(0, 2)
     cached_sequence(pool, toks, now=0)
     before = pool.stats.as_dict()
