@@ -1,10 +1,25 @@
 """Llama-style decoder on the shadowprefill ops, its configs, the paper's model catalog and the roofline
-latency model (appendix B) every engine's predictor is seeded from."""
-from .config import ModelConfig, RopeScaling
-from .forward_batch import ForwardBatch
-from .gpus import GPUS, get_gpu
-from .latency import LatencyModel, linear_ops_ms
-from .llama import Llama
-from .weights import load_checkpoint, read_config, save_checkpoint
+latency model (appendix B) every engine's predictor is seeded from.
 
-__all__ = ["ModelConfig", "RopeScaling", "ForwardBatch", "GPUS", "get_gpu", "LatencyModel", "linear_ops_ms", "Llama", "load_checkpoint", "read_config", "save_checkpoint"]
+Names are imported on first use, so `from shadowprefill.model.latency import LatencyModel` (the vLLM plugin,
+the simulator) does not load the model code and its torch ops.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "ModelConfig": ".config", "RopeScaling": ".config", "ForwardBatch": ".forward_batch", "GPUS": ".gpus",
+    "get_gpu": ".gpus", "LatencyModel": ".latency", "linear_ops_ms": ".latency", "Llama": ".llama",
+    "load_checkpoint": ".weights", "read_config": ".weights", "save_checkpoint": ".weights",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'shadowprefill.model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value

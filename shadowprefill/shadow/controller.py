@@ -103,10 +103,14 @@ class ShadowBudget:
             self._kv_room = self._view.free_shadow(limit) // block_size * block_size
         return self.room()
 
-    def max_tokens(self, context: int, extra_s: float = 0.0, block_size: int = 1) -> int:
+    def max_tokens(self, context: int, extra_s: float = 0.0, block_size: int = 1,
+                   remaining: int | None = None) -> int:
         """Lines 10-12 for one chunk: the most tokens (a multiple of `block_size`) a chunk at `context`
-        cached tokens may add now, 0 if that is below n_min."""
+        cached tokens may add now, 0 if that is below n_min. `remaining`: the work's tokens left; a last
+        chunk shorter than n_min is allowed when all of it fits (a shadow request that must finish)."""
         k = min(self.read_kv_room(block_size), self.fits(context, extra_s))
+        if remaining is not None and remaining < self.n_min:
+            return remaining if 0 < remaining <= k else 0
         k -= k % block_size
         return k if k >= self.n_min else 0
 
@@ -153,6 +157,7 @@ class ShadowController:
         self.token_budget, self.max_seqs = token_budget, max_seqs
         self.margin, self.n_min = margin, n_min
         self.delta = self.policy.default_delta if delta is None else float(delta)
+        self._beta, self._idle_cap_s = beta, idle_cap_s
         self.cap = idle_cap_s if idle_cap_s is not None else beta * self.tpot_slo    # βT
         self.credit = 0.0
         self.credit_earned = 0.0
@@ -206,6 +211,14 @@ class ShadowController:
                             base_s=0.0 if branch == "credit" else None,
                             token_room=self.token_budget - view.num_tokens, seq_room=self.max_seqs - view.num_seqs,
                             view=view, controller=self)
+
+    def set_tpot_slo(self, tpot_slo: float) -> None:
+        """Change T (e.g. once an engine's step times are measured): βT follows unless `idle_cap_s` fixed it."""
+        if isinstance(tpot_slo, bool) or not isinstance(tpot_slo, (int, float)) or not 0 < tpot_slo < math.inf:
+            raise ValueError(f"tpot_slo must be a finite number > 0, got {tpot_slo!r}")
+        self.tpot_slo = float(tpot_slo)
+        if self._idle_cap_s is None:
+            self.cap = self._beta * self.tpot_slo
 
     def spend(self, seconds: float) -> None:
         """Pay `seconds` of shadow time from the credit (line 6)."""

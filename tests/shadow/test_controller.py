@@ -419,3 +419,27 @@ def test_host_reload_counts_in_the_budget(seconds_per_token):
     else:
         assert chunks[0].start == 512 and b.reload_tokens == 512
         assert W[0] + reload + W[1] * want + W[2] * want * (512 + want) <= 0.5 * T
+
+
+def test_set_tpot_slo_moves_beta_T_unless_the_cap_is_fixed():
+    ctl = controller()
+    ctl.set_tpot_slo(0.08)
+    assert ctl.tpot_slo == 0.08 and ctl.cap == pytest.approx(0.5 * 0.08)
+    fixed = controller(idle_cap_s=0.01)
+    fixed.set_tpot_slo(0.08)
+    assert fixed.cap == 0.01
+    with pytest.raises(ValueError, match="tpot_slo"):
+        ctl.set_tpot_slo(0.0)
+
+
+def test_a_last_chunk_below_n_min_runs_when_it_fits():
+    ctl, pool, jobs = make(n_min=256)
+    h = ctl
+    budget = h.ctl.plan(h.view(batch_of(1.0)))
+    assert budget.max_tokens(0, block_size=BS) >= 256
+    assert budget.max_tokens(0, block_size=BS, remaining=100) == 100       # the tail of a shadow request
+    assert budget.max_tokens(0, block_size=BS, remaining=300) >= 256        # not a tail: the usual rule
+    tight = controller(n_min=256, idle_cap_s=(W[0] + W[1] * 50 + W[2] * 50 * 50) * (1 + 1e-9))
+    b = tight.plan(Harness(tight, pool, jobs).view(batch_of(1.0)))
+    assert b.max_tokens(0, remaining=100) == 0                              # 100 tokens do not fit in b
+    assert b.max_tokens(0, remaining=50) == 50
