@@ -60,6 +60,6 @@ class WarmView:
             inst = self.manager.place(self.session_id, model, self.prompt, self.tenant)
             # the engine always computes the last prompt token (its logits give the first output token), so
             # only full pages within prompt[:-1] can be hits, as at admission (Scheduler._admit)
-            device, host = inst.engine.cached_prefix_tokens(self.prompt[:-1], self.tenant)
+            device, host = inst.cached_prefix_tokens(self.prompt[:-1], self.tenant)
             hit = self._seen[model] = WarmPrefix(model, inst.name, len(self.prompt), device, host)
         return hit

@@ -32,7 +32,7 @@ def test_calls_prefill_on_p_decode_on_d_and_d_keeps_the_context():
     roles = {i.name: i.role for i in sim.instances}
     assert sorted(roles.values()) == ["decode", "decode", "prefill", "prefill", "prefill", "prefill"]
     kv = {m: sim.latency_models[m].kv_bytes_per_token for m in (SMALL, LARGE)}
-    moved = sum(link.bytes_moved for link in sim.manager.links.values())
+    moved = sum(link.bytes_moved for link in sim.manager.pd.links.values())
     # every call moves what its D instance lacks: at most its whole prompt + first token, and a session
     # that stays on a model sends only the new tokens (D kept the previous prompt and output)
     full = sum((c.prompt_tokens + 1) * kv[c.model] for c in r.calls)
@@ -54,11 +54,11 @@ def test_calls_prefill_on_p_decode_on_d_and_d_keeps_the_context():
 def test_shadow_on_p_is_pushed_to_d_and_shortens_switches():
     base_sim, base = run("no-shadow")
     sim, harvest = run("harvest-slo")
-    assert sim.manager.shadow_pushed_tokens > 0
+    assert sim.manager.pd.shadow_pushed_tokens > 0
     assert sum(i.engine.stats.shadow_tokens for i in sim.instances if i.role == "prefill") > 0
     assert sum(i.engine.stats.shadow_tokens for i in sim.instances if i.role == "decode") == 0
-    moved_base = sum(link.bytes_moved for link in base_sim.manager.links.values())
-    moved = sum(link.bytes_moved for link in sim.manager.links.values())
+    moved_base = sum(link.bytes_moved for link in base_sim.manager.pd.links.values())
+    moved = sum(link.bytes_moved for link in sim.manager.pd.links.values())
     assert moved >= moved_base          # pushes add link traffic ...
     res = compare({"no-shadow": base, "harvest-slo": harvest})
     assert res["harvest-slo"]["switch_hit_rate"] > res["no-shadow"]["switch_hit_rate"] + 0.2
