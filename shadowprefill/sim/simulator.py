@@ -59,8 +59,8 @@ class Simulator:
         self.clock = VirtualClock()
 
         cache = latency_cache if latency_cache is not None else {}
-        common = dict(prior=prior, shadow_targets=config.shadow_targets, shadows=self.policy.shadows,
-                      oracle=self.policy.oracle, on_work=self._wake)
+        common = dict(prior=prior, shadow_targets=config.shadow_targets, min_switch_prob=self.policy.min_switch_prob,
+                      shadows=self.policy.shadows, oracle=self.policy.oracle, on_work=self._wake)
         instances: dict[str, list[Instance]] = {}
         if config.pd_prefill is not None:
             if self.policy.dedicated:
