@@ -341,8 +341,7 @@ class ClusterManager:
                 session = ticket.session
                 for home in ticket.stream_to:
                     home.extend_shadow(session, [tok])
-                    if not (self.pd is not None and ticket.stage == 0):   # P/D prefill stage: not woken
-                        fed[id(home)] = home
+                    fed[id(home)] = home
             if out.finished:
                 del tickets[out.request_id]
                 if ticket.stage == 0:
