@@ -31,7 +31,7 @@ class WarmPrefix:
 
 
 class WarmView:
-    """Per-model warm prefix of one call's prompt on a `ClusterManager` (or `PDClusterManager`: its prefill
+    """Per-model warm prefix of one call's prompt on a `ClusterManager` (P/D: on its prefill
     instances). `models` lists the candidates (the manager's deployed models)."""
 
     def __init__(self, manager, session_id: str, prompt: Sequence[int], tenant: str = "") -> None:
