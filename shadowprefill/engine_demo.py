@@ -3,9 +3,9 @@
 A few agent sessions whose calls a Markov router switches between a small and a large model, with
 background normal traffic on both engines, run twice on the same seed: once without shadow prefill and
 once with Harvest-SLO (paper §3.2). Each model has one engine (`LLMEngine` with the real forward), stepped by
-its own thread so the two instances run side by side as on two GPUs; the cluster manager places the calls
-and creates the shadow jobs (paper §3.1). It prints switch-call TTFT, the prefix hit rate of switch calls
-and of all calls, and shadow tokens used vs wasted.
+its own `EngineDriver` thread so the two instances run side by side as on two GPUs; the orchestration core
+(`cluster.manager.ClusterManager`) places the calls and creates the shadow jobs (paper §3.1). It prints
+switch-call TTFT, the prefix hit rate of switch calls and of all calls, and shadow tokens used vs wasted.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import argparse
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,54 +66,29 @@ def make_sessions(cfg: DemoConfig, vocab: int) -> list[Session]:
 
 
 class Locks:
-    """One lock per engine (held while it steps) plus one for the manager. Whoever touches the manager
-    takes all of them, always in the same order, so the two engines' forwards overlap but nothing races."""
+    """The core's lock plus every engine driver's lock (each held by its thread while the engine steps).
+    Whoever touches the core takes all of them, always in the same order, so the two engines' forwards
+    overlap but nothing races."""
 
-    def __init__(self, names):
-        self.manager = threading.Lock()
-        self.engine = {name: threading.Lock() for name in names}
+    def __init__(self, drivers):
+        self.core = threading.Lock()
+        self.drivers = list(drivers)
+        self._stack = None
 
     def __enter__(self):
-        self.manager.acquire()
-        for lock in self.engine.values():
-            lock.acquire()
+        stack = ExitStack()
+        stack.enter_context(self.core)
+        for d in self.drivers:
+            stack.enter_context(d.lock)
+        self._stack = stack
 
     def __exit__(self, *exc):
-        for lock in reversed(list(self.engine.values())):
-            lock.release()
-        self.manager.release()
-
-
-class EngineThread(threading.Thread):
-    """Steps one instance's engine whenever it has work (like one GPU); hands outputs to the manager."""
-
-    def __init__(self, inst: Instance, locks: Locks, on_outputs, stop: threading.Event):
-        super().__init__(daemon=True)
-        self.inst, self.locks, self.on_outputs, self.stop = inst, locks, on_outputs, stop
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        torch.set_num_threads(1)
-        own = self.locks.engine[self.inst.model]
-        try:
-            while not self.stop.is_set():
-                with own:
-                    busy = self.inst.engine.has_work()
-                    outputs = self.inst.engine.step() if busy else []
-                if outputs:
-                    with self.locks:
-                        self.on_outputs(self.inst, outputs)
-                if not busy:
-                    time.sleep(0.002)
-        except BaseException as exc:  # surfaced by the driver
-            self.error = exc
-            self.stop.set()
+        self._stack.close()
 
 
 def run_policy(shadow_mode: str, cfg: DemoConfig, device: str = "cpu") -> dict:
     """One run of the demo workload with `shadow_mode` ("none" or "harvest-slo"); returns its summary."""
     clock = WallClock()
-    locks = Locks(MODELS)
     instances = {}
     for i, (name, make) in enumerate(MODELS.items()):
         model = Llama(make(), seed=i + 1, device=device)
@@ -122,17 +98,21 @@ def run_policy(shadow_mode: str, cfg: DemoConfig, device: str = "cpu") -> dict:
                                                shadow_mode=shadow_mode, model_id=name, tpot_slo_s=0.1,
                                                ttft_slo_s=2.0, n_min=64), clock=clock)
         instances[name] = [Instance(f"{name}/0", name, 0, engine)]
-    manager = ClusterManager(instances, shadows=shadow_mode != "none")
+    drivers = [group[0].driver for group in instances.values()]
+    locks = Locks(drivers)
+    manager = ClusterManager(instances, shadows=shadow_mode != "none", on_work=lambda inst: inst.driver.wake())
     vocab = min(make().vocab_size for make in MODELS.values())
     sessions = make_sessions(cfg, vocab)
     finished: list = []
     outputs: dict[str, list[list[int]]] = {s.session_id: [] for s in sessions}
+    for group in instances.values():
+        inst = group[0]
 
-    def on_outputs(inst, outs):
-        finished.extend(manager.on_outputs(inst, outs))
+        def on_outputs(outs, inst=inst):
+            with locks:
+                finished.extend(manager.on_outputs(inst, outs))
 
-    stop = threading.Event()
-    threads = [EngineThread(group[0], locks, on_outputs, stop) for group in instances.values()]
+        inst.driver.on_outputs = on_outputs
     rng = np.random.default_rng(cfg.seed + 1)
     start = clock.now()
     next_call = {s.session_id: (start + s.arrival_s, 0) for s in sessions}
@@ -140,10 +120,11 @@ def run_policy(shadow_mode: str, cfg: DemoConfig, device: str = "cpu") -> dict:
     next_normal = {name: start + rng.exponential(1 / cfg.normal_rate) for name in MODELS}
     normal_id = 0
     records = []
-    for t in threads:
-        t.start()
+    for d in drivers:
+        d.start(name="engine-demo")
+        d.post(lambda: torch.set_num_threads(1))
     try:
-        while next_call and not stop.is_set():
+        while next_call and all(d.running for d in drivers):
             with locks:
                 now = clock.now()
                 for ticket in finished:                          # a call ended: schedule the session's next
@@ -156,7 +137,7 @@ def run_policy(shadow_mode: str, cfg: DemoConfig, device: str = "cpu") -> dict:
                         next_call[session.session_id] = (now + session.calls[k].gap_s, k)
                     else:
                         del next_call[session.session_id]
-                        manager.end_session(session.session_id)
+                        manager.end_session(session.session_id, session.tenant)
                 finished.clear()
                 for sid, (due, k) in list(next_call.items()):
                     if due is not None and due <= now:
@@ -173,12 +154,11 @@ def run_policy(shadow_mode: str, cfg: DemoConfig, device: str = "cpu") -> dict:
                         next_normal[name] = now + rng.exponential(1 / cfg.normal_rate)
             time.sleep(0.002)
     finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    for t in threads:
-        if t.error is not None:
-            raise t.error
+        for d in drivers:
+            d.stop()
+    for d in drivers:
+        if d.error is not None:
+            raise d.error
     return summarize(records, [g[0].engine for g in instances.values()], clock.now() - start)
 
 

@@ -1,5 +1,6 @@
-"""Sessions, workloads, per-step routers and the cluster manager."""
-from .router import CallableRouter, MarkovRouter, RandomRouter, ReplayRouter, SwitchPredictor
+"""Sessions, workloads, per-step routers, the next-model prior and the orchestration core."""
+from .prior import SwitchPredictor
+from .router import CallableRouter, MarkovRouter, RandomRouter, ReplayRouter
 from .traces import load_sessions, normal_traffic, save_sessions
 from .workloads import WORKLOADS, Call, Session, generate_sessions
 

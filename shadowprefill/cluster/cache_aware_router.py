@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from shadowprefill.cluster.router import _check_call
 from shadowprefill.cluster.warm_view import WarmView
@@ -50,12 +49,6 @@ from shadowprefill.cluster.workloads import Session
 from shadowprefill.model.catalog import get_model
 
 CALL_ROUTERS = ("fixed", "sticky", "cache-aware")
-
-
-class CallRouter(Protocol):
-    def route_call(self, session: Session, call_index: int, history: Sequence[str], warm: WarmView) -> str:
-        """Model for call `call_index` of `session` (issued now), given the models of its earlier calls and
-        the warm prefix of its prompt on each candidate model."""
 
 
 def capability(model: str) -> float:

@@ -1,9 +1,12 @@
 """Per-step routers and the next-model predictor (paper §2.1, §3.1, appendix C "Router switch rate").
 
 Every router answers `route(session, call_index, history) -> model name`, where `history` lists the models
-that served calls 0..call_index-1 of the session. Randomised routers draw from a generator seeded by
-(seed, session id, call index), so a decision never depends on the order in which the simulator asks:
-the same seed routes identically under every policy.
+that served calls 0..call_index-1 of the session. `session` is taken as it is: a recorded
+`workloads.Session`, or a live `cluster.session.SessionState` (the HTTP front end's); the Markov and
+random routers read only its `session_id` and `task`, the replay and callable routers need the recorded
+calls. Randomised routers draw from a generator seeded by (seed, session id, call index), so a decision
+never depends on the order in which the simulator asks: the same seed routes identically under every
+policy.
 
 - `ReplayRouter`: the session's recorded route (LLMRouter decisions replayed exactly, paper §4).
 - `MarkovRouter`: an N-state Markov chain that switches model with probability p at each step (the
@@ -11,31 +14,37 @@ the same seed routes identically under every policy.
 - `RandomRouter`: an independent draw per call.
 - `CallableRouter`: wraps a learned router, e.g. `CallableRouter(lambda ctx: my_router.route(ctx.prompt_ids()))`.
 
-`SwitchPredictor` learns P(next model | task, current model) online from finished sessions; the shadow
-ordering uses `switch_probability(task, current, target)` and the N > 2 prior uses `rank_targets`.
+The next-model prior (`SwitchPredictor`) lives in `cluster.prior`.
 """
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from shadowprefill.cluster.prior import SwitchPredictor  # noqa: F401  (re-exported: cluster.router's API)
 from shadowprefill.cluster.workloads import Session
 
 
 class Router(Protocol):
-    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
+    def route(self, session, call_index: int, history: Sequence[str]) -> str:
         """Model for call `call_index` of `session`, given the models of its earlier calls."""
 
 
-def _check_call(session: Session, call_index: int, history: Sequence[str]) -> None:
-    if not isinstance(session, Session):
+def _check_call(session, call_index: int, history: Sequence[str], recorded: bool = True) -> None:
+    """`recorded`: the router needs a `workloads.Session` (its recorded calls); else any session with a
+    `session_id` and a `task` will do, and `call_index` is bounded only by the recorded calls if it has any."""
+    if recorded and not isinstance(session, Session):
         raise TypeError(f"session must be a Session, got {type(session).__name__}")
-    if isinstance(call_index, bool) or not isinstance(call_index, int) or not 0 <= call_index < len(session.calls):
-        raise ValueError(f"call_index must be in [0, {len(session.calls)}), got {call_index!r}")
+    if not isinstance(getattr(session, "session_id", None), str) or not isinstance(getattr(session, "task", None), str):
+        raise TypeError(f"session must have a str session_id and task, got {type(session).__name__}")
+    calls = getattr(session, "calls", None)
+    bound = len(calls) if calls is not None else None
+    if isinstance(call_index, bool) or not isinstance(call_index, int) or call_index < 0 or \
+            (bound is not None and call_index >= bound):
+        raise ValueError(f"call_index must be in [0, {bound if bound is not None else 'inf'}), got {call_index!r}")
     if len(history) != call_index:
         raise ValueError(f"history must list the {call_index} earlier calls' models, got {len(history)}")
 
@@ -59,7 +68,7 @@ def _weights(weights: Mapping[str, float] | None, names: Sequence[str], what: st
     return w
 
 
-def _call_rng(seed: int, session: Session, call_index: int) -> random.Random:
+def _call_rng(seed: int, session, call_index: int) -> random.Random:
     return random.Random(f"{seed}/{session.session_id}/{call_index}")
 
 
@@ -96,8 +105,8 @@ class MarkovRouter:
             others = [o for o in self.models if o != m]
             self.targets[m] = (others, _weights((targets or {}).get(m), others, f"targets[{m!r}]") if others else [])
 
-    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
-        _check_call(session, call_index, history)
+    def route(self, session, call_index: int, history: Sequence[str]) -> str:
+        _check_call(session, call_index, history, recorded=False)
         rng = _call_rng(self.seed, session, call_index)
         if call_index == 0:
             return rng.choices(self.models, self.initial)[0]
@@ -118,8 +127,8 @@ class RandomRouter:
         self.weights = _weights(weights, self.models, "weights")
         self.seed = seed
 
-    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
-        _check_call(session, call_index, history)
+    def route(self, session, call_index: int, history: Sequence[str]) -> str:
+        _check_call(session, call_index, history, recorded=False)
         return _call_rng(self.seed, session, call_index).choices(self.models, self.weights)[0]
 
 
@@ -169,65 +178,3 @@ class CallableRouter:
         if self.models is not None and model not in self.models:
             raise ValueError(f"router function returned {model!r}, not one of {sorted(self.models)}")
         return model
-
-
-class SwitchPredictor:
-    """P(next call's model | task, current model), learned online from finished sessions (paper §3.1).
-
-    Estimates back off from (task, current) counts to per-current-model counts over all tasks, then to a
-    prior that switches with probability `prior_switch`, spread evenly over the other candidates; each
-    level adds `pseudo_count` pseudo-transitions of the level below (Dirichlet smoothing).
-    """
-
-    def __init__(self, prior_switch: float = 0.25, pseudo_count: float = 2.0) -> None:
-        if not 0.0 <= prior_switch <= 1.0:
-            raise ValueError(f"prior_switch must be in [0, 1], got {prior_switch}")
-        if not pseudo_count > 0:
-            raise ValueError(f"pseudo_count must be > 0, got {pseudo_count}")
-        self.prior_switch = prior_switch
-        self.pseudo_count = pseudo_count
-        self.num_sessions = 0
-        self.models: set[str] = set()
-        self._by_task: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self._by_model: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-
-    def observe_session(self, task: str, models: Sequence[str]) -> None:
-        """Record the model sequence a finished session of `task` used."""
-        if not isinstance(task, str):
-            raise TypeError(f"task must be a str, got {type(task).__name__}")
-        models = list(models)
-        self.models.update(models)
-        for current, nxt in zip(models, models[1:]):
-            self._by_task[(task, current)][nxt] += 1
-            self._by_model[current][nxt] += 1
-        self.num_sessions += 1
-
-    def next_model_distribution(self, task: str, current: str, candidates: Sequence[str] | None = None) -> dict[str, float]:
-        """Probability of each candidate (default: every model seen, plus `current`) serving the next call."""
-        names = sorted(set(candidates if candidates is not None else self.models) | {current})
-        if len(names) == 1:
-            return {current: 1.0}
-        switch_each = self.prior_switch / (len(names) - 1)
-        probs = {m: (1.0 - self.prior_switch if m == current else switch_each) for m in names}
-        for counts in (self._by_model.get(current), self._by_task.get((task, current))):
-            if counts:
-                total = sum(counts.get(m, 0) for m in names)
-                probs = {m: (counts.get(m, 0) + self.pseudo_count * probs[m]) / (total + self.pseudo_count)
-                         for m in names}
-        return probs
-
-    def switch_probability(self, task: str, current: str, target: str) -> float:
-        """Probability that a session of `task` now on `current` sends its next call to `target` (for
-        target == current: the probability of staying), over every model seen so far."""
-        return self.next_model_distribution(task, current, sorted(self.models | {target}))[target]
-
-    def probabilities(self, task: str, current_model: str, candidates: Sequence[str]) -> dict[str, float]:
-        """P(next call goes to m | task, current model) for each candidate m != current model (the
-        cluster manager's `NextModelPrior` interface)."""
-        probs = self.next_model_distribution(task, current_model, candidates)
-        return {m: p for m, p in probs.items() if m != current_model}
-
-    def rank_targets(self, task: str, current: str, candidates: Sequence[str]) -> list[tuple[str, float]]:
-        """Other candidates by decreasing probability of being the next model (the N > 2 shadow prior)."""
-        probs = self.next_model_distribution(task, current, candidates)
-        return sorted(((m, p) for m, p in probs.items() if m != current), key=lambda mp: (-mp[1], mp[0]))

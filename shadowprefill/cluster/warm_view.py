@@ -31,7 +31,7 @@ class WarmPrefix:
 
 
 class WarmView:
-    """Per-model warm prefix of one call's prompt on a `ClusterManager` (or `PDClusterManager`: its prefill
+    """Per-model warm prefix of one call's prompt on a `ClusterManager` (P/D: on its prefill
     instances). `models` lists the candidates (the manager's deployed models)."""
 
     def __init__(self, manager, session_id: str, prompt: Sequence[int], tenant: str = "") -> None:
@@ -60,6 +60,6 @@ class WarmView:
             inst = self.manager.place(self.session_id, model, self.prompt, self.tenant)
             # the engine always computes the last prompt token (its logits give the first output token), so
             # only full pages within prompt[:-1] can be hits, as at admission (Scheduler._admit)
-            device, host = inst.engine.cached_prefix_tokens(self.prompt[:-1], self.tenant)
+            device, host = inst.cached_prefix_tokens(self.prompt[:-1], self.tenant)
             hit = self._seen[model] = WarmPrefix(model, inst.name, len(self.prompt), device, host)
         return hit

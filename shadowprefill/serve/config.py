@@ -8,13 +8,19 @@
       },
       "router": {"type": "request"},                # or {"type": "markov", "p": 0.3, "seed": 0}
       "api_keys": {"sk-team-a": "team-a"},          # key -> tenant; empty/absent: no auth, tenant ""
-      "shadow": {"enabled": true, "priority": 1000, "targets": "all", "poll_s": 0.05, "timeout_s": 120},
+      "shadow": {"enabled": true, "priority": 1000, "targets": "all", "min_switch_prob": 0.0,
+                 "poll_s": 0.05, "timeout_s": 120},
       "connect_timeout_s": 2.0, "read_timeout_s": 300.0, "dead_retry_s": 5.0,
+      "session_idle_s": 600.0,                      # a session idle this long has ended
       "tenant_cache_salt": false                    # send cache_salt=<tenant> (vLLM per-tenant prefix cache)
     }
 
-`shadow.targets`: "all" (every other model's sticky instance) or "top1" (the other model most often
-routed next after the current one, learned online from the manager's own sessions, paper §3.1).
+`shadow.targets`: "all" (every other model's sticky instance) or "top1" (the other model most likely to
+serve the session's next call, by the next-model prior `cluster.prior.SwitchPredictor`, learned online
+from the routes of the manager's finished sessions, paper §3.1). `shadow.min_switch_prob`: the Predictive
+gate (no shadow to a model less likely than this; 0 = off, the paper's Predictive policy uses 0.25).
+`session_idle_s`: a session with no call for this long has ended (the prior learns its route, its state
+is freed).
 `shadow.priority` is the lowest class the servers know: vLLM runs lower integers first, the built-in
 server maps values >= its shadow threshold (default 1000) to shadow jobs.
 """
@@ -37,12 +43,16 @@ class ShadowConfig:
     enabled: bool = True
     priority: int = 1000
     targets: str = "all"
+    min_switch_prob: float = 0.0
     poll_s: float = 0.05
     timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.targets not in ("all", "top1"):
             raise ValueError(f"shadow.targets must be 'all' or 'top1', got {self.targets!r}")
+        p = self.min_switch_prob
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"shadow.min_switch_prob must be a number in [0, 1], got {p!r}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise TypeError(f"shadow.priority must be an int, got {self.priority!r}")
         for name in ("poll_s", "timeout_s"):
@@ -61,14 +71,20 @@ class ManagerConfig:
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 300.0
     dead_retry_s: float = 5.0
+    session_idle_s: float = 600.0
     tenant_cache_salt: bool = False
+
+    def __post_init__(self) -> None:
+        v = self.session_idle_s
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"config.session_idle_s must be a number > 0, got {v!r}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "ManagerConfig":
         if not isinstance(d, dict):
             raise TypeError(f"config must be a JSON object, got {type(d).__name__}")
         unknown = set(d) - {"models", "router", "api_keys", "shadow", "host", "port", "connect_timeout_s",
-                            "read_timeout_s", "dead_retry_s", "tenant_cache_salt"}
+                            "read_timeout_s", "dead_retry_s", "session_idle_s", "tenant_cache_salt"}
         if unknown:
             raise ValueError(f"config has unknown keys {sorted(unknown)}")
         raw_models = d.get("models")
@@ -95,7 +111,7 @@ class ManagerConfig:
             raise ValueError(f"config.router.type must be 'request' or 'markov', got {router!r}")
         shadow = ShadowConfig(**(d.get("shadow") or {}))
         kwargs = {k: d[k] for k in ("host", "port", "connect_timeout_s", "read_timeout_s", "dead_retry_s",
-                                    "tenant_cache_salt") if k in d}
+                                    "session_idle_s", "tenant_cache_salt") if k in d}
         return cls(models=models, router=router, api_keys=dict(api_keys), shadow=shadow, **kwargs)
 
     @classmethod

@@ -1,11 +1,15 @@
-"""The request-level shadow manager (paper §4 "vLLM prototype", appendix D.1).
+"""The request-level shadow manager (paper §4 "vLLM prototype", appendix D.1): the HTTP front end of the
+orchestration core.
 
 The manager sits between agents and a fleet of OpenAI-compatible servers (vLLM, SGLang, or the built-in
-`engine_server`), several instances per model. For each call of a session it routes (per-step router),
-picks the session's sticky instance of that model, forwards the request and streams the answer back
-unchanged. After the call completes it submits the call's prompt + response to the session's sticky
-instance of every other model (or the top-1 by next-model prior) as lowest-priority shadow work with
-`max_tokens: 1` (`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache.
+`engine_server`), several instances per model, each an `HttpInstance` of the orchestration core
+(`cluster.manager.ClusterManager`: sessions, sticky placement by lowest estimated prefill completion, the
+next-model prior, shadow targets). For each call of a session it routes (per-step router), lets the core
+place it, forwards the request and streams the answer back unchanged. After the call completes the core
+hands the call's prompt + response to the session's sticky instance of every other model (or the top-1 /
+the gated ones by next-model prior) as lowest-priority shadow work with `max_tokens: 1`
+(`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache. A session that
+has been idle for `session_idle_s` ends: the prior learns its route and its state is freed.
 
 Failure handling: connection failures before the first byte of an answer mark the instance down and fall
 back to another instance of the routed model (a cold switch); with none left the client gets HTTP 503
@@ -20,17 +24,21 @@ fields are stripped unless asked for), the session headers `X-Session-Id` / `X-T
 """
 from __future__ import annotations
 
-import itertools
+import asyncio
 import json
 import time
 
 import httpx
 from aiohttp import web
 
+from shadowprefill.cluster.manager import ClusterManager, NoLiveInstance
+from shadowprefill.cluster.prior import SwitchPredictor
+from shadowprefill.cluster.session import SessionState
 from shadowprefill.serve.config import ManagerConfig
 from shadowprefill.serve.metrics import ServeCall, summarize_by_policy
-from shadowprefill.serve.sessions import LiveRouter, NextModelPrior, SessionState, extends, shadow_body
-from shadowprefill.serve.shadow_dispatch import Instance, ShadowDispatcher, ShadowTask, upstream_headers
+from shadowprefill.serve.sessions import LiveRouter, extends, shadow_body
+from shadowprefill.serve.shadow_dispatch import upstream_headers
+from shadowprefill.serve.upstream import HttpInstance
 
 _UPSTREAM_ERRORS = (httpx.TransportError, OSError)
 
@@ -47,11 +55,12 @@ def _is_token_ids(prompt) -> bool:
 class _Answer:
     """What the manager reads from an answer while passing it through."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_first=None) -> None:
         self.text: list[str] = []
         self.ids: list[int] = []
         self.usage: dict | None = None
         self.first_token: float | None = None
+        self.on_first = on_first
 
     def read_choices(self, choices, chat: bool, streamed: bool) -> None:
         for ch in choices[:1]:                                 # n = 1: the first choice is the answer
@@ -66,6 +75,8 @@ class _Answer:
             self.ids.extend(ids)
             if (part or ids) and self.first_token is None and streamed:
                 self.first_token = time.monotonic()
+                if self.on_first is not None:
+                    self.on_first()
 
     @property
     def cached_tokens(self) -> int | None:
@@ -74,21 +85,29 @@ class _Answer:
 
 
 class Manager:
-    """Routing, stickiness, forwarding and shadow submission over the configured fleet."""
+    """Routing, forwarding and the orchestration core over the configured fleet."""
 
     def __init__(self, config: ManagerConfig) -> None:
         if not isinstance(config, ManagerConfig):
             raise TypeError(f"config must be a ManagerConfig, got {type(config).__name__}")
         self.config = config
-        self.instances = {m: [Instance(e.model, e.url, e.served_model_name) for e in eps]
+        self.instances = {m: [HttpInstance(e.model, e.url, e.served_model_name, i) for i, e in enumerate(eps)]
                           for m, eps in config.models.items()}
         self.router = LiveRouter(config.router, list(config.models))
-        self.prior = NextModelPrior()
-        self.sessions: dict[tuple[str, str], SessionState] = {}
+        self.prior = SwitchPredictor()
+        self.core = ClusterManager(self.instances, prior=self.prior, shadow_targets=config.shadow.targets,
+                                   min_switch_prob=config.shadow.min_switch_prob, shadows=config.shadow.enabled)
         self.calls: list[ServeCall] = []
-        self.dispatchers: dict[str, ShadowDispatcher] = {}
         self.client: httpx.AsyncClient | None = None
-        self._round_robin = itertools.count()
+        self._expiry: asyncio.Task | None = None
+
+    @property
+    def sessions(self) -> dict[tuple[str, str], SessionState]:
+        """The core's sessions, by (tenant, session id)."""
+        return self.core.sessions
+
+    def all_instances(self) -> list[HttpInstance]:
+        return [i for insts in self.instances.values() for i in insts]
 
     # ---------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -96,64 +115,58 @@ class Manager:
         timeout = httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s, write=c.read_timeout_s,
                                 pool=c.read_timeout_s)
         self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=512))
-        for insts in self.instances.values():
-            for inst in insts:
-                d = ShadowDispatcher(inst, self.client, c.shadow.poll_s, c.shadow.timeout_s, c.dead_retry_s)
-                self.dispatchers[inst.url] = d
-                d.start()
+        for inst in self.all_instances():
+            inst.start(self.client, c.shadow.poll_s, c.shadow.timeout_s, c.dead_retry_s)
+        self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
 
     async def close(self) -> None:
-        for d in self.dispatchers.values():
-            await d.stop()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            try:
+                await self._expiry
+            except (asyncio.CancelledError, Exception):
+                pass
+        for inst in self.all_instances():
+            if inst.dispatcher is not None:
+                await inst.dispatcher.stop()
         if self.client is not None:
             await self.client.aclose()
 
     # ------------------------------------------------------------------------------------ helpers
-    def session(self, tenant: str, session_id: str, shadow_enabled: bool = True) -> SessionState:
-        key = (tenant, session_id)
-        state = self.sessions.get(key)
-        if state is None:
-            state = self.sessions[key] = SessionState(tenant, session_id, shadow_enabled=shadow_enabled)
-        return state
+    def end_idle_sessions(self, now: float | None = None) -> int:
+        """End every session with no call in flight for `session_idle_s` (the prior learns its route);
+        returns how many ended."""
+        now = time.monotonic() if now is None else now
+        idle = [s for s in self.core.sessions.values()
+                if s.calls_in_flight == 0 and now - s.last_active >= self.config.session_idle_s]
+        for s in idle:
+            self.core.end_session(s.session_id, s.tenant)
+        return len(idle)
 
-    def pick_instance(self, state: SessionState | None, model: str, exclude: set[str] = frozenset()
-                      ) -> Instance | None:
-        """The session's sticky instance of `model`, else the live instance with the fewest sessions."""
-        insts = self.instances[model]
-        if state is not None:
-            url = state.sticky.get(model)
-            for inst in insts:
-                if inst.url == url and inst.alive and url not in exclude:
-                    return inst
-        live = [i for i in insts if i.alive and i.url not in exclude]
-        if not live:
-            return None
-        if state is None:
-            return live[next(self._round_robin) % len(live)]
-        inst = min(live, key=lambda i: i.num_sessions)
-        old = state.sticky.get(model)
-        if old is not None:
-            for i in insts:
-                if i.url == old:
-                    i.num_sessions -= 1
-        state.sticky[model] = inst.url
-        inst.num_sessions += 1
-        return inst
+    async def _expire_sessions(self) -> None:
+        period = min(60.0, self.config.session_idle_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            self.end_idle_sessions()
 
     async def wait_shadows_idle(self, timeout: float) -> bool:
         """True once no instance has a pending or in-flight shadow (within `timeout` seconds)."""
         end = time.monotonic() + timeout
-        for d in self.dispatchers.values():
-            if not await d.idle(max(0.0, end - time.monotonic())):
+        for inst in self.all_instances():
+            if not await inst.dispatcher.idle(max(0.0, end - time.monotonic())):
                 return False
         return True
 
     def summary(self, tenant: str | None = None) -> dict:
         calls = [c for c in self.calls if tenant is None or c.tenant == tenant]
+        sticky: dict[int, int] = {}
+        for s in self.core.sessions.values():
+            for inst in s.sticky.values():
+                sticky[id(inst)] = sticky.get(id(inst), 0) + 1
         return {"policies": summarize_by_policy(calls),
-                "instances": {i.url: {"model": i.model, "alive": i.alive, "sessions": i.num_sessions,
+                "instances": {i.url: {"model": i.model, "alive": i.alive, "sessions": sticky.get(id(i), 0),
                                       "last_error": i.last_error, **i.stats}
-                              for insts in self.instances.values() for i in insts}}
+                              for i in self.all_instances()}}
 
     # ------------------------------------------------------------------------------------ forward
     async def forward(self, request: web.Request, kind: str, body: dict, tenant: str, session_id: str | None,
@@ -164,10 +177,9 @@ class Manager:
         prompt = body.get("messages") if chat else body.get("prompt")
         if not chat and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]
-        state = self.session(tenant, session_id, shadow_enabled) if session_id else None
+        state = self.core.session(session_id, tenant, shadow_enabled=shadow_enabled) if session_id else None
         try:
-            model = self.router.route(state, body.get("model")) if state else self.router.route(
-                SessionState(tenant, "-"), body.get("model"))
+            model = self.router.route(state, body.get("model"))
         except ValueError as exc:
             return error_response(404, str(exc), "not_found_error")
         stream = bool(body.get("stream"))
@@ -182,65 +194,78 @@ class Manager:
         if self.config.tenant_cache_salt and tenant:
             upstream["cache_salt"] = tenant
         headers = upstream_headers(state.key) if state else {"X-Tenant": tenant}
-        call_index = 0
-        is_switch = False
+        call_index, is_switch = 0, False
+        arrival = time.monotonic()
         if state is not None:
             call_index = state.num_calls
-            state.num_calls += 1
-            is_switch = bool(state.history) and state.history[-1] != model
+            is_switch = state.current_model is not None and state.current_model != model
             if not extends(prompt, state.last_prompt, state.last_response):
                 state.append_only = False
-        arrival = time.monotonic()
-        tried: set[str] = set()
-        answer, resp, inst = _Answer(), None, None
-        status, error, out = 200, None, None
-        while True:
-            inst = self.pick_instance(state, model, tried)
-            if inst is None:
+            state.calls_in_flight += 1
+            state.last_active = arrival
+        answer = _Answer()
+        status, error, out, history, ticket = 200, None, None, None, None
+        try:
+            try:
+                ticket = self.core.submit_call(session_id, None, model, prompt, tenant=tenant,
+                                               payload=(path, upstream, headers))
+            except NoLiveInstance:
+                pass
+            placed = ticket is not None
+            while placed:
+                status, error, out, retry = await self._send(request, ticket, answer, stream, chat, client_usage,
+                                                             strip_ids)
+                if not retry:
+                    break
+                placed = self.core.fail_over(ticket)         # cold fallback to another instance
+            if not placed:
                 down = [f"{i.url} ({i.last_error})" for i in self.instances[model]]
                 status, error = 503, f"model {model!r} is unavailable: no live instance; {'; '.join(down)}"
                 out = error_response(503, error, "service_unavailable")
-                break
-            tried.add(inst.url)
+            finish = time.monotonic()
+            usage = answer.usage or {}
+            if status != 200 and error is None:
+                error = f"upstream HTTP {status}"
+            self.calls.append(ServeCall(
+                session_id=session_id or "", call_index=call_index, tenant=tenant, model=model,
+                instance=ticket.instance.url if placed else "", is_switch=is_switch,
+                policy=("harvest" if self.config.shadow.enabled and state.shadow_enabled else "no-shadow")
+                if state else "background",
+                arrival=arrival, first_token=answer.first_token, finish=finish,
+                prompt_tokens=usage.get("prompt_tokens"), cached_tokens=answer.cached_tokens,
+                output_tokens=usage.get("completion_tokens"), stream=stream, status=status, error=error))
+            if state is not None and status == 200 and error is None:
+                response = answer.ids if _is_token_ids(prompt) else "".join(answer.text)
+                history = self._completed(state, ticket, kind, path, prompt, response)
+        finally:                        # also when the client went away: the session may expire, the core forgets
             if state is not None:
-                self.dispatchers[inst.url].drop(state.key)       # the routed call computes it anyway
-            upstream["model"] = inst.served_model_name
-            try:
-                req = self.client.build_request("POST", inst.url + path, json=upstream, headers=headers)
-                resp = await self.client.send(req, stream=True)
-                if stream and resp.status_code == 200:
-                    out = await self._pass_stream(request, resp, answer, chat, client_usage, strip_ids)
-                else:
-                    out = await self._pass_body(resp, answer, chat, strip_ids)
-                    status = resp.status_code
-                break
-            except _UPSTREAM_ERRORS as exc:
-                inst.mark_down(repr(exc), self.config.dead_retry_s)
-                if isinstance(exc, _MidStreamError):
-                    status, error = 502, str(exc)
-                    out = exc.response
-                    break
-                continue                                         # cold fallback to another instance
-            finally:
-                if resp is not None:
-                    await resp.aclose()
-                    resp = None
-        finish = time.monotonic()
-        usage = answer.usage or {}
-        if status != 200 and error is None:
-            error = f"upstream HTTP {status}"
-        self.calls.append(ServeCall(
-            session_id=session_id or "", call_index=call_index, tenant=tenant, model=model,
-            instance=inst.url if inst else "", is_switch=is_switch,
-            policy=("harvest" if self.config.shadow.enabled and state.shadow_enabled else "no-shadow")
-            if state else "background",
-            arrival=arrival, first_token=answer.first_token, finish=finish, prompt_tokens=usage.get("prompt_tokens"),
-            cached_tokens=answer.cached_tokens, output_tokens=usage.get("completion_tokens"), stream=stream,
-            status=status, error=error))
-        if state is not None and status == 200 and error is None:
-            response = answer.ids if _is_token_ids(prompt) else "".join(answer.text)
-            self._after_call(state, kind, path, prompt, response, model)
+                state.calls_in_flight -= 1
+                state.last_active = time.monotonic()
+            if ticket is not None:
+                self.core.finish_call(ticket, history)
         return out
+
+    async def _send(self, request: web.Request, ticket, answer: _Answer, stream: bool, chat: bool,
+                    client_usage: bool, strip_ids: bool):
+        """Send the call to its instance and pass the answer through: (status, error, response, retry);
+        retry: the instance failed before answering (it is marked down)."""
+        inst, resp = ticket.instance, None
+        answer.on_first = lambda: inst.answered(ticket)
+        try:
+            resp = await self.client.send(ticket.request, stream=True)
+            if stream and resp.status_code == 200:
+                return 200, None, await self._pass_stream(request, resp, answer, chat, client_usage, strip_ids), False
+            out = await self._pass_body(resp, answer, chat, strip_ids)
+            return resp.status_code, None, out, False
+        except _UPSTREAM_ERRORS as exc:
+            inst.mark_down(repr(exc), self.config.dead_retry_s)
+            if isinstance(exc, _MidStreamError):
+                return 502, str(exc), exc.response, False
+            return 200, None, None, True
+        finally:
+            inst.answered(ticket)
+            if resp is not None:
+                await resp.aclose()
 
     async def _pass_body(self, resp: httpx.Response, answer: _Answer, chat: bool, strip_ids: bool) -> web.Response:
         data = await resp.aread()
@@ -326,29 +351,18 @@ class Manager:
         return event
 
     # ------------------------------------------------------------------------------------ shadows
-    def _after_call(self, state: SessionState, kind: str, path: str, prompt, response, model: str) -> None:
-        if state.history:
-            self.prior.observe(state.history[-1], model)
-        state.history.append(model)
+    def _completed(self, state: SessionState, ticket, kind: str, path: str, prompt, response):
+        """A call of `state` completed: its instance now holds prompt + response; returns the shadow
+        request (path, body) that makes another model's server hold the next call's prefix (None: none)."""
+        ticket.instance.holds(state.key, shadow_body(kind, prompt, response, True))
         state.last_prompt, state.last_response = prompt, response
-        if not (self.config.shadow.enabled and state.shadow_enabled):
-            return
         base = shadow_body(kind, prompt, response, state.append_only)
         if base is None:
-            return
-        others = [m for m in self.instances if m != model]
-        if self.config.shadow.targets == "top1":
-            others = self.prior.rank(model, others)[:1]
-        now = time.monotonic()
-        for target in others:
-            inst = self.pick_instance(state, target)
-            if inst is None:
-                continue
-            body = {**base, "model": inst.served_model_name, "max_tokens": 1,
-                    "priority": self.config.shadow.priority, "stream": False}
-            if self.config.tenant_cache_salt and state.tenant:
-                body["cache_salt"] = state.tenant
-            self.dispatchers[inst.url].submit(ShadowTask(state.key, path, body, now))
+            return None
+        body = {**base, "max_tokens": 1, "priority": self.config.shadow.priority, "stream": False}
+        if self.config.tenant_cache_salt and state.tenant:
+            body["cache_salt"] = state.tenant
+        return (path, body)
 
 
 class _MidStreamError(httpx.TransportError):

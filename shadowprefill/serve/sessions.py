@@ -1,8 +1,7 @@
-"""Sessions as the manager sees them, the per-step router, and what a shadow submission holds.
+"""What a session's calls look like over HTTP: shadow content, prefix beliefs, and the live router.
 
-A session is keyed by (tenant, session id): two tenants using the same id never share state, and a
-session's shadows are built only from its own calls (tenant isolation). Per session the manager keeps the
-models of its calls (the router's history), a sticky instance per model, and the last completed call.
+Sessions themselves are the orchestration core's (`cluster.session.SessionState`, keyed by (tenant,
+session id)); this module knows the OpenAI request forms (token ids, text, chat messages).
 
 Shadow content (paper appendix D.1): after a call completes, the other model should hold the next call's
 prefix. For an append-only session that is the call's prompt followed by its response:
@@ -14,30 +13,16 @@ A session whose prompts stopped extending the previous prompt + response (a comp
 history) is non-append-only: the next prompt's overlap with this call is at most this call's prompt, so
 the shadow is the prompt alone (the longest common prefix, capped at the completed prompt). The server
 side keeps whatever prefix of an older shadow still matches (`ShadowJob.update`; vLLM's prefix cache).
+
+Prefix beliefs (`comparable`): the manager does not tokenize, so to estimate how much of a prompt an
+upstream caches it compares the prompt with what that upstream was last given for the session, as token
+ids, or as text at `CHARS_PER_TOKEN` characters per token (chat messages rendered as role + content).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from shadowprefill.cluster.router import MarkovRouter
-from shadowprefill.cluster.workloads import Call, Session
 
-
-@dataclass
-class SessionState:
-    tenant: str
-    session_id: str
-    shadow_enabled: bool = True
-    history: list[str] = field(default_factory=list)        # model of each completed call
-    sticky: dict[str, str] = field(default_factory=dict)    # model -> instance URL
-    last_prompt: object = None                              # prompt (str / ids / messages) of the last call
-    last_response: object = None                            # its response (str, or ids for id prompts)
-    append_only: bool = True
-    num_calls: int = 0                                      # calls started (call index of the next)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.tenant, self.session_id)
+CHARS_PER_TOKEN = 4.0          # text and chat prompts: a rough size in tokens, for placement estimates
 
 
 def extends(prompt, previous_prompt, previous_response) -> bool:
@@ -71,10 +56,25 @@ def shadow_body(kind: str, prompt, response, append_only: bool) -> dict | None:
     return None
 
 
+def comparable(content) -> tuple[object, float]:
+    """(a sequence whose common prefix with another prompt's measures shared context, its elements per
+    token): token ids as they are; text, or chat messages rendered as role + content, at CHARS_PER_TOKEN.
+    `content`: a prompt, chat messages, or a shadow body holding either."""
+    if isinstance(content, dict):
+        content = content.get("messages", content.get("prompt"))
+    if isinstance(content, str):
+        return content, CHARS_PER_TOKEN
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        return "".join(f"\x1e{m.get('role', '')}\x1f{m.get('content') or ''}" for m in content), CHARS_PER_TOKEN
+    if isinstance(content, list):
+        return content, 1.0
+    return "", CHARS_PER_TOKEN
+
+
 class LiveRouter:
     """The per-step router: "request" uses the call's `model` field (the agent's or an external router's
     decision); "markov" applies `cluster.router.MarkovRouter` (switch with probability p per step, seeded
-    per (session, call)) over the configured models."""
+    per (session, call)) over the configured models, to the live session as it is."""
 
     def __init__(self, spec: dict, models: list[str]) -> None:
         self.kind = spec.get("type", "request")
@@ -85,28 +85,11 @@ class LiveRouter:
         elif self.kind != "request":
             raise ValueError(f"router type must be 'request' or 'markov', got {self.kind!r}")
 
-    def route(self, state: SessionState, requested: str | None) -> str:
-        """The model for the session's next call; ValueError if the requested model is not configured."""
-        if self._markov is None:
+    def route(self, state, requested: str | None) -> str:
+        """The model for the next call of `state` (a SessionState, None for a stateless call); ValueError
+        if the requested model is not configured."""
+        if self._markov is None or state is None:
             if requested not in self.models:
                 raise ValueError(f"model {requested!r} is not served here; models: {self.models}")
             return requested
-        calls = [Call(model=m, new_input_tokens=1, output_tokens=1) for m in state.history]
-        calls.append(Call(model=requested if requested in self.models else self.models[0],
-                          new_input_tokens=1, output_tokens=1))
-        session = Session(state.session_id, state.tenant, "live", 0.0, calls)
-        return self._markov.route(session, len(state.history), list(state.history))
-
-
-class NextModelPrior:
-    """Counts of (current model -> next model) over the manager's sessions: the top-1 shadow target."""
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[str, str], int] = {}
-
-    def observe(self, previous: str, current: str) -> None:
-        self.counts[(previous, current)] = self.counts.get((previous, current), 0) + 1
-
-    def rank(self, current: str, others: list[str]) -> list[str]:
-        """`others` by how often they followed `current` (ties keep the configured order)."""
-        return sorted(others, key=lambda m: -self.counts.get((current, m), 0))
+        return self._markov.route(state, state.num_calls, list(state.models))

@@ -1,7 +1,8 @@
-"""Instances and request-level shadow admission (paper appendix D.1).
+"""Request-level shadow admission to one upstream server (paper appendix D.1).
 
-Each upstream server is an `Instance`. Its `ShadowDispatcher` holds at most one pending shadow per
-session (a newer completed call supersedes the pending one) and submits them one at a time:
+Each upstream server (`serve.upstream.HttpInstance`) has a `ShadowDispatcher`. It holds at most one
+pending shadow per session (a newer completed call supersedes the pending one) and submits them one at a
+time:
 - admission only when the destination's waiting queue is empty (`vllm:num_requests_waiting` == 0 on its
   Prometheus `/metrics`), and at most one shadow in flight per instance;
 - the submission is an ordinary completion with the lowest priority class and `max_tokens: 1`, so the
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 
@@ -39,31 +40,10 @@ class ShadowTask:
     created: float
 
 
-@dataclass
-class Instance:
-    model: str
-    url: str
-    served_model_name: str
-    down_until: float = 0.0
-    num_sessions: int = 0
-    last_error: str | None = None
-    stats: dict = field(default_factory=lambda: {"shadow_submitted": 0, "shadow_completed": 0, "shadow_failed": 0,
-                                                 "shadow_superseded": 0, "shadow_dropped_by_routed": 0,
-                                                 "shadow_deferred_busy": 0})
-
-    @property
-    def alive(self) -> bool:
-        return time.monotonic() >= self.down_until
-
-    def mark_down(self, error: str, retry_s: float) -> None:
-        self.down_until = time.monotonic() + retry_s
-        self.last_error = error
-
-
 class ShadowDispatcher:
     """Pending shadows of one instance and the task that admits them (`start()` on the manager's loop)."""
 
-    def __init__(self, instance: Instance, client: httpx.AsyncClient, poll_s: float, timeout_s: float,
+    def __init__(self, instance, client: httpx.AsyncClient, poll_s: float, timeout_s: float,
                  dead_retry_s: float) -> None:
         self.instance = instance
         self.client = client
@@ -82,7 +62,8 @@ class ShadowDispatcher:
         self._wake.set()
 
     def drop(self, session_key: tuple[str, str]) -> None:
-        """A routed call of the session reached this instance: its pending shadow is moot."""
+        """The session's pending shadow is moot (a routed call of the session reached this instance, or the
+        session's shadow moved elsewhere)."""
         if self.pending.pop(session_key, None) is not None:
             self.instance.stats["shadow_dropped_by_routed"] += 1
 
@@ -139,6 +120,7 @@ class ShadowDispatcher:
                                            headers=upstream_headers(task.session_key))
                 if r.status_code == 200:
                     inst.stats["shadow_completed"] += 1
+                    inst.holds(task.session_key, task.body)
                 else:
                     inst.stats["shadow_failed"] += 1
                     inst.last_error = f"shadow HTTP {r.status_code}: {r.text[:200]}"

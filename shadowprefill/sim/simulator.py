@@ -4,15 +4,15 @@ Every instance is the project's `LLMEngine` with a `SimulatedExecutor` (no tenso
 the latency model says) on one shared `VirtualClock`: the same scheduler, KV pool, host tier and shadow
 controller as a real run. A heap of timed events drives them:
 
-- STEP    an instance's iteration ends: `complete_step`, hand its outputs to the cluster manager (which
-          streams routed output into shadow jobs), record finished calls / requests, start the next
-          iteration if the instance has work (instances step only when they have work, each at its own
-          pace);
+- STEP    an instance's iteration ends: its `EngineDriver` applies it, the orchestration core takes its
+          outputs (streams routed output into shadow jobs), finished calls / requests are recorded, and
+          the next iteration starts if the instance has work (instances step only when they have work,
+          each at its own pace);
 - CALL    an agent session issues call k (its first call at the session's arrival; call k+1 after call k
-          completes plus the tool gap); the manager places it and creates/extends shadow jobs;
+          completes plus the tool gap); the core places it and creates/extends shadow jobs;
 - NORMAL  a normal-traffic request arrives at one instance (Poisson or trace replay, per instance);
 - WINDOW  start / end of the measurement window (stats snapshots);
-- TIMER   a callback the manager scheduled (P/D KV transfers and shadow pushes).
+- TIMER   a callback the core scheduled (P/D KV transfers and shadow pushes).
 
 The run measures sessions that arrive in [warmup, warmup + duration) and drains until every one of them has
 finished (normal traffic keeps arriving meanwhile), as in §5.1 "Measurement".
@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from shadowprefill.cluster.manager import ClusterManager, Instance
-from shadowprefill.cluster.pd import PDClusterManager
+from shadowprefill.cluster.pd import Disaggregation
 from shadowprefill.cluster.warm_view import WarmView
 from shadowprefill.cluster.workloads import Session, token_ids
 from shadowprefill.engine.clock import VirtualClock
@@ -59,8 +59,8 @@ class Simulator:
         self.clock = VirtualClock()
 
         cache = latency_cache if latency_cache is not None else {}
-        common = dict(prior=prior, shadow_targets=config.shadow_targets, shadows=self.policy.shadows,
-                      oracle=self.policy.oracle, on_work=self._wake)
+        common = dict(prior=prior, shadow_targets=config.shadow_targets, min_switch_prob=self.policy.min_switch_prob,
+                      shadows=self.policy.shadows, oracle=self.policy.oracle, on_work=self._wake)
         instances: dict[str, list[Instance]] = {}
         if config.pd_prefill is not None:
             if self.policy.dedicated:
@@ -74,10 +74,10 @@ class Simulator:
                                                 role="decode", latency_cache=cache)
                                  for i in range(config.instances - config.pd_prefill)]
             kv = {m: cache[m].kv_bytes_per_token for m in config.models}
-            self.manager = PDClusterManager(instances, decode, kv_bytes_per_token=kv,
-                                            link_bw_per_gpu=config.link_bw_per_gpu, push_tokens=config.push_tokens,
-                                            schedule=lambda t, fn: self._push(t, _TIMER, fn), **common)
-            decoders = [d for m in config.models for d in decode[m]]
+            pd = Disaggregation(decode, kv_bytes_per_token=kv, link_bw_per_gpu=config.link_bw_per_gpu,
+                                push_tokens=config.push_tokens, schedule=lambda t, fn: self._push(t, _TIMER, fn))
+            self.manager = ClusterManager(instances, disaggregation=pd, **common)
+            decoders = pd.all_decoders()
         else:
             dedicated: dict[str, Instance] = {}
             for model in config.models:
@@ -94,6 +94,7 @@ class Simulator:
         self.latency_models = cache
         self.instances = self.manager.all_instances() + decoders
         self._index = {id(inst): i for i, inst in enumerate(self.instances)}
+        self._busy_window = [0.0] * len(self.instances)   # busy seconds inside the measurement window
         self.normal_source = normal_source if normal_source is not None else azure_normal_source()
         self._events: list = []
         self._seq = 0
@@ -104,17 +105,10 @@ class Simulator:
         heapq.heappush(self._events, (t, self._seq, kind, a, b))
 
     def _wake(self, inst: Instance) -> None:
-        """Start an iteration on an idle instance that has work (manager callback)."""
-        if inst.iteration is not None:
-            return
-        eng = inst.engine
-        if not eng.has_work():
-            return
-        it = eng.schedule_step()
-        if it is None:
-            return
-        inst.iteration = it
-        self._push(it.start + it.duration, _STEP, self._index[id(inst)])
+        """Start an iteration on an idle instance that has work (the core's `on_work` callback)."""
+        it = inst.driver.begin()
+        if it is not None:
+            self._push(it.start + it.duration, _STEP, self._index[id(inst)])
 
     # ---------------------------------------------------------------------------------------------- run
     def run(self, progress: bool | object = False) -> RunResult:
@@ -173,10 +167,9 @@ class Simulator:
                 bar.update(int(min(t, w1)) - bar.n)
             if kind == _STEP:
                 inst = instances[a]
-                it, inst.iteration = inst.iteration, None
-                outputs = inst.engine.complete_step(it)
-                inst.busy_s += it.duration
-                inst.busy_window_s += max(0.0, min(t, w1) - max(it.start, w0))
+                it = inst.driver.iteration
+                outputs = inst.driver.end()
+                self._busy_window[a] += max(0.0, min(t, w1) - max(it.start, w0))
                 for ticket in manager.on_outputs(inst, outputs):
                     self._finish_call(ticket, by_id[ticket.session_id], result, measured, pending, histories)
                 done = manager.finished_normal
@@ -242,7 +235,7 @@ class Simulator:
         prompt = prompt.tolist()
         model = session.calls[k].model
         if self.call_router is not None:        # per-call routing at issue time, on a read-only cache view
-            state = self.manager.sessions.get(session.session_id)
+            state = self.manager.sessions.get((session.tenant, session.session_id))
             model = self.call_router.route_call(session, k, list(state.models) if state else [],
                                                 WarmView(self.manager, session.session_id, prompt, session.tenant))
         self.manager.submit_call(session.session_id, k, model, prompt,
@@ -263,7 +256,7 @@ class Simulator:
             self._push(self.clock.now() + session.calls[k].gap_s, _CALL, session.session_id, k)
         else:
             histories.pop(session.session_id, None)
-            self.manager.end_session(session.session_id, self.config.cancel_shadows_at_session_end)
+            self.manager.end_session(session.session_id, session.tenant, self.config.cancel_shadows_at_session_end)
             pending.discard(session.session_id)
 
     # ------------------------------------------------------------------------------------------ totals
@@ -275,7 +268,7 @@ class Simulator:
         tracked = self.policy.shadow_mode != "eager"
         for idx, inst in enumerate(self.instances):
             lm = self.latency_models[inst.model]
-            b = min(inst.busy_window_s, window)
+            b = min(self._busy_window[idx], window)
             energy += lm.energy_j(b, window - b)
             busy += b
             gpus += inst.gpus
@@ -304,10 +297,11 @@ class Simulator:
                             shadow_jobs_created=self.manager.shadow_jobs_created,
                             switch_calls_on_shadow_instance=self.manager.switch_calls_on_shadow,
                             switch_calls_placed=self.manager.switch_calls)
-        if isinstance(self.manager, PDClusterManager):
-            links = self.manager.links.values()
-            result.extra.update(shadow_pushed_tokens=self.manager.shadow_pushed_tokens,
-                                shadow_pushes_lost=self.manager.shadow_push_lost,
+        pd = self.manager.pd
+        if pd is not None:
+            links = pd.links.values()
+            result.extra.update(shadow_pushed_tokens=pd.shadow_pushed_tokens,
+                                shadow_pushes_lost=pd.shadow_push_lost,
                                 link_bytes=sum(link.bytes_moved for link in links),
                                 link_busy_s=sum(link.busy_s for link in links))
 

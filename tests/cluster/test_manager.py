@@ -40,20 +40,18 @@ class Prior:
 
 
 def drain(instances, manager, clock, limit=20000):
-    """Step every engine with work, in time order, until all are idle; returns finished tickets."""
-    done, pending = [], {}
+    """Step every engine with work through its EngineDriver, in time order, until all are idle; returns
+    finished tickets."""
+    done = []
     for _ in range(limit):
         for inst in instances:
-            if id(inst) not in pending and inst.engine.has_work():
-                it = inst.engine.schedule_step()
-                if it is not None:
-                    pending[id(inst)] = (it.start + it.duration, inst, it)
+            inst.driver.begin()
+        pending = [inst for inst in instances if inst.driver.iteration is not None]
         if not pending:
             return done
-        t, inst, it = min(pending.values(), key=lambda x: x[0])
-        del pending[id(inst)]
-        clock.advance_to(t)
-        done += manager.on_outputs(inst, inst.engine.complete_step(it))
+        inst = min(pending, key=lambda i: i.driver.iteration.start + i.driver.iteration.duration)
+        clock.advance_to(inst.driver.iteration.start + inst.driver.iteration.duration)
+        done += manager.on_outputs(inst, inst.driver.end())
     raise AssertionError("engines did not go idle")
 
 
@@ -86,7 +84,7 @@ def test_sticky_placement_prefers_cache_until_the_instance_is_busy():
     assert m.estimate_prefill_s(a0, p2) > m.estimate_prefill_s(a1, p2)
     t2 = m.submit_call("s", 2, SMALL, p2, 4)
     assert t2.instance is a1
-    assert m.sessions["s"].sticky[SMALL] is a1
+    assert m.sessions[("", "s")].sticky[SMALL] is a1
 
 
 def test_shadow_job_gets_input_at_once_and_output_as_it_streams():

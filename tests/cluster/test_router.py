@@ -7,6 +7,7 @@ import pytest
 
 from shadowprefill.cluster.router import (CallableRouter, CallContext, MarkovRouter, RandomRouter, ReplayRouter,
                                           SwitchPredictor)
+from shadowprefill.cluster.targets import ShadowTargets
 from shadowprefill.cluster.workloads import Call, Session, generate_sessions
 
 PAIR = ("Qwen2.5-7B", "Llama-3.1-70B")
@@ -144,9 +145,12 @@ def test_predictor_ranks_targets_with_more_models():
         predictor.observe_session("plan", ["a", "b", "a", "c", "a", "b", "a"])
     dist = predictor.next_model_distribution("plan", "a", ["a", "b", "c", "d"])
     assert sum(dist.values()) == pytest.approx(1.0)
-    ranked = predictor.rank_targets("plan", "a", ["a", "b", "c", "d"])
+    ranked = ShadowTargets("all").choose(predictor, "plan", "a", ["a", "b", "c", "d"])
     assert [m for m, _ in ranked] == ["b", "c", "d"]
     assert ranked[0][1] == pytest.approx(2 / 3, abs=0.02) and ranked[2][1] < 0.01
+    assert ShadowTargets("top1").choose(predictor, "plan", "a", ["a", "b", "c", "d"]) == ranked[:1]
+    # the Predictive gate drops the unlikely targets (c: about 1/3, d: about 0)
+    assert [m for m, _ in ShadowTargets("all", 0.25).choose(predictor, "plan", "a", list("abcd"))] == ["b", "c"]
     assert predictor.switch_probability("plan", "b", "a") == pytest.approx(1.0, abs=0.02)
     assert predictor.probabilities("plan", "a", ["b", "c", "d"]) == {m: dist[m] for m in "bcd"}
     with pytest.raises(ValueError, match="prior_switch"):

@@ -2,14 +2,14 @@
 named in $SP_SERVE_PEERS (a JSON file written by tests/vllm_harness/run.sh for two real vLLM servers).
 
 Built-in peers: model "small" (tiny) in-process on an ephemeral port, model "large" (tiny_large) as a
-subprocess (so a test can SIGKILL it). Both torn down at session end.
+subprocess (its engine thread then does not share this process's interpreter lock). Both torn down at
+session end. No test kills a peer (the failure test kills a forwarder in front of one).
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -35,19 +35,6 @@ class Peers:
     models: dict[str, dict]                     # name -> {"url", "served_model_name", "pid"?}
     processes: list = field(default_factory=list)
     threads: list = field(default_factory=list)
-
-    def kill(self, model: str) -> None:
-        """SIGKILL the server of `model` (it must run in its own process)."""
-        pid = self.models[model].get("pid")
-        if pid is None:
-            raise RuntimeError(f"model {model!r} has no process to kill")
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for p in self.processes:
-            if p.pid == pid:
-                p.wait(timeout=10)
 
 
 def _free_port() -> int:
@@ -96,7 +83,7 @@ def peers():
     small = AppThread(make_engine_server("tiny", model_name="tiny").app).start()
     proc, url = start_engine_subprocess("tiny_large")
     p = Peers("builtin", 16, {"small": {"url": small.url, "served_model_name": "tiny"},
-                              "large": {"url": url, "served_model_name": "tiny_large", "pid": proc.pid}},
+                              "large": {"url": url, "served_model_name": "tiny_large"}},
               processes=[proc], threads=[small])
     try:
         yield p
@@ -112,11 +99,13 @@ def peers():
 API_KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 
 
-def manager_config(peers: Peers, extra_large: list[str] = (), **overrides) -> ManagerConfig:
+def manager_config(peers: Peers, large: list[str] | None = None, **overrides) -> ManagerConfig:
+    """A manager over the peers; `large`: other URLs for the "large" model's instances (same server kind)."""
     models = {name: [{"url": m["url"], "served_model_name": m["served_model_name"]}] for name, m in
               peers.models.items()}
-    models["large"] += [{"url": u, "served_model_name": peers.models["large"]["served_model_name"]}
-                        for u in extra_large]
+    if large is not None:
+        models["large"] = [{"url": u, "served_model_name": peers.models["large"]["served_model_name"]}
+                           for u in large]
     d = {"models": models, "api_keys": API_KEYS, "connect_timeout_s": 2.0, "read_timeout_s": 60.0,
          "dead_retry_s": 30.0, "shadow": {"poll_s": 0.02, "timeout_s": 60.0},
          "tenant_cache_salt": peers.kind == "vllm"}

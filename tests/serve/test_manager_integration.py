@@ -174,7 +174,7 @@ def test_auth_and_tenant_isolation(manager, peers):
     assert cached_tokens(rb) < bs
     mgr = thread.app[MANAGER_KEY]
     assert ("tenant-a", "same-id") in mgr.sessions and ("tenant-b", "same-id") in mgr.sessions
-    assert mgr.sessions[("tenant-b", "same-id")].history == ["large"]
+    assert mgr.sessions[("tenant-b", "same-id")].models == ["large"]
     assert [c["tenant"] for c in other.get("/manager/calls").json()] == ["tenant-b"]
     # while tenant a's own switch hits its shadow
     ra = completion(client, "large", history + random_ids(rng, 20), "same-id")

@@ -1,22 +1,40 @@
-"""Killing a server mid-run (runs last: it kills the "large" peer for the rest of the session).
+"""Killing a server mid-run. The manager must never hang: the stream in flight on the killed server ends
+(error event or completion), the next call routed to the dead model falls back cold to another instance
+(built-in peers: a second "large" instance) or gets a clear HTTP 503 naming the model (vLLM peers: one
+instance), and calls to the other model keep working.
 
-The manager must never hang: the stream in flight on the killed server ends (error event or completion),
-the next call routed to the dead model falls back cold to another instance (built-in peers: a second
-"large" instance) or gets a clear HTTP 503 naming the model (a single vLLM instance), and calls to the
-other model keep working.
+The killed "server" is a TCP forwarder process in front of the shared "large" peer (`tcp_proxy.py`): to
+the manager its death is a server's (open connections drop, new ones are refused), and the peer itself
+lives on, so this test may run in any order with the others.
 """
 from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
 from shadowprefill.serve.app_runner import AppThread
 from shadowprefill.serve.frontdoor import make_manager_app
-from tests.serve.conftest import cached_tokens, completion, manager_config, random_ids, wait_shadows
+from tests.serve.conftest import (_free_port, cached_tokens, completion, manager_config, random_ids, wait_healthy,
+                                  wait_shadows)
+
+
+def start_proxy(target_url: str) -> tuple[subprocess.Popen, str]:
+    """A forwarder process in front of `target_url`; returns it and its URL."""
+    target = urlsplit(target_url)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("tcp_proxy.py")), str(port),
+                             target.hostname, str(target.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, 30, proc)
+    return proc, url
 
 
 def test_kill_large_mid_run_falls_back_or_errors_never_hangs(peers):
@@ -24,7 +42,8 @@ def test_kill_large_mid_run_falls_back_or_errors_never_hangs(peers):
     if peers.kind == "builtin":
         from shadowprefill.serve.engine_server import make_engine_server
         spare = AppThread(make_engine_server("tiny_large", model_name="tiny_large").app).start()
-    config = manager_config(peers, extra_large=[spare.url] if spare else [])
+    proxy, proxy_url = start_proxy(peers.models["large"]["url"])
+    config = manager_config(peers, large=[proxy_url] + ([spare.url] if spare else []))
     thread = AppThread(lambda: make_manager_app(config)).start()
     client = httpx.Client(base_url=thread.url, timeout=60, headers={"Authorization": "Bearer key-a"})
     rng = random.Random(7)
@@ -57,7 +76,8 @@ def test_kill_large_mid_run_falls_back_or_errors_never_hangs(peers):
         t.start()
         assert first_chunk.wait(60)
         t_kill = time.monotonic()
-        peers.kill("large")
+        proxy.kill()
+        proxy.wait(timeout=10)
         t.join(30)
         assert seen["done"], "the in-flight stream hung after its server was killed"
         ended_ok = seen["events"] and seen["events"][-1] == "data: [DONE]"
@@ -85,5 +105,8 @@ def test_kill_large_mid_run_falls_back_or_errors_never_hangs(peers):
     finally:
         client.close()
         thread.stop()
+        if proxy.poll() is None:
+            proxy.kill()
+            proxy.wait(timeout=10)
         if spare is not None:
             spare.stop()
