@@ -88,14 +88,3 @@ def test_tiny_study_end_to_end(tmp_path):
     table = study_table(study)
     assert "harvest-slo+host" in table and "share of Oracle+Host" in table
     assert plot_study(study, tmp_path).stat().st_size > 0
-
-
-@pytest.mark.parametrize("args, needle", [(["--workloads", "nope"], "nope"), (["--windows", "noon"], "noon"),
-                                          (["--seeds", "a"], "--seeds"), (["--duration", "-1"], "--duration"),
-                                          (["--policies", "foo"], "foo")])
-def test_demo_cli_rejects_bad_arguments(args, needle):
-    from shadowprefill.cli import main
-
-    with pytest.raises(SystemExit) as err:
-        main(["demo", *args])
-    assert needle in str(err.value)
