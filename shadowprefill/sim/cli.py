@@ -194,26 +194,18 @@ def experiment_from_args(args, policies: str) -> "Experiment":
                            "pd_prefill": args.pd_prefill, "link_bw_per_gpu": args.link_gbps * 1e9})
 
 
-# SimConfig fields that every engine's EngineConfig takes as they are (checked before a run starts)
-ENGINE_FIELDS = ("block_size", "token_budget", "max_seqs", "beta", "delta", "margin", "n_min", "shadow_fraction",
-                 "cold_age_s")
-
-
 def check_experiment(exp) -> None:
-    """Everything about `exp` that can be checked before it runs: the cluster config (durations, instances,
-    P/D split), the workload or sessions file, the trace file. ValueError / OSError name the bad input."""
+    """Everything about `exp` that can be checked before it runs: the cluster and engine config (durations,
+    instances, P/D split, controller parameters), the workload or sessions file, the trace file.
+    ValueError / OSError name the bad input."""
     from shadowprefill.cluster.traces import load_azure_trace
     from shadowprefill.cluster.workloads import get_workload
     from shadowprefill.sim.experiment import build_sessions, sim_config
-    cfg = sim_config(exp)
-    from shadowprefill.engine.config import EngineConfig
-    EngineConfig(num_blocks=1, **{k: getattr(cfg, k) for k in ENGINE_FIELDS if hasattr(cfg, k)})
-    if getattr(cfg, "host_gb_per_gpu", None) is not None:
-        EngineConfig(num_blocks=1, host_tier_gib=cfg.host_gb_per_gpu)
-    for name in ("pcie_bw", "link_bw_per_gpu"):
+    cfg = sim_config(exp)                   # includes every engine's EngineConfig checks
+    for name, least in (("host_gb_per_gpu", 0.0), ("pcie_bw", None), ("link_bw_per_gpu", None)):
         value = getattr(cfg, name, None)
-        if value is not None and not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
+        if value is not None and not (value >= least if least is not None else value > 0):
+            raise ValueError(f"{name} must be {'>= 0' if least is not None else '> 0'}, got {value}")
     if exp.sessions_file:
         build_sessions(exp)
     else:

@@ -71,10 +71,17 @@ def test_fingerprint_follows_what_the_capacity_depends_on(monkeypatch):
     q = CapacityQuery.of(MODEL, SimConfig(models=(MODEL,)))
     fp = q.fingerprint()
     assert fp == CapacityQuery(MODEL).fingerprint()              # defaults are the SimConfig's
-    assert fp == CapacityQuery.of(MODEL, SimConfig(models=(MODEL,), seed=7, beta=1.0)).fingerprint()
+    # what a No Shadow probe does not use leaves it alone: the experiment's seed, controller parameters
+    assert fp == CapacityQuery.of(MODEL, SimConfig.make(models=(MODEL,), seed=7, beta=1.0, n_min=64,
+                                                        shadow_mode="none")).fingerprint()
+    engine = q.engine
     changed = [CapacityQuery("Qwen2.5-72B"), CapacityQuery(MODEL, gpu="h200"), CapacityQuery(MODEL, tp=2),
-               CapacityQuery(MODEL, token_budget=1024), CapacityQuery(MODEL, lengths="code"),
+               CapacityQuery(MODEL, hbm_fraction=0.8), CapacityQuery(MODEL, engine={**engine, "token_budget": 1024}),
+               CapacityQuery(MODEL, engine={**engine, "admission": "fcfs"}),
+               CapacityQuery(MODEL, engine={**engine, "slo_factor": 4.0}), CapacityQuery(MODEL, lengths="code"),
                CapacityQuery(MODEL, steps=6), CapacityQuery(MODEL, duration_s=60.0)]
+    assert CapacityQuery.of(MODEL, SimConfig.make(models=(MODEL,), token_budget=1024)).fingerprint() == \
+        changed[4].fingerprint()
     assert len({fp, *(c.fingerprint() for c in changed)}) == 1 + len(changed)
     # the latency model's calibration constants are part of it
     slower = dataclasses.replace(latency.H100, gemm_flops_eff=latency.H100.gemm_flops_eff * 0.9)
