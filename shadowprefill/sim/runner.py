@@ -43,13 +43,20 @@ def map_jobs(fn: Callable[[T], R], items: Sequence[T], *, jobs: int = 1, ray: bo
                 bar.update(1)
         else:
             import multiprocessing as mp
+            out = [None] * len(items)
             with mp.get_context("fork").Pool(min(jobs, len(items))) as pool:
-                for result in pool.imap(fn, items):          # in input order
-                    out.append(result)
+                # as they finish (the bar moves with each), put back in input order
+                for i, result in pool.imap_unordered(_indexed_call, [(i, fn, x) for i, x in enumerate(items)]):
+                    out[i] = result
                     bar.update(1)
     finally:
         bar.close()
     return out
+
+
+def _indexed_call(job: tuple):
+    i, fn, item = job
+    return i, fn(item)
 
 
 def ray_available() -> bool:

@@ -1,6 +1,7 @@
 """map_jobs: results in input order whether jobs run serially, in a fork pool or as Ray tasks (here a
 stand-in `ray` module that completes tasks in reverse order; tests/ray_harness runs the real one)."""
 import sys
+import time
 import types
 
 import pytest
@@ -13,6 +14,12 @@ def square_plus(item):
     return x * x + k
 
 
+def slow_first(item):
+    """Earlier items take longer, so a pool finishes them last."""
+    time.sleep(0.1 * (7 - item[1]))
+    return square_plus(item)
+
+
 ITEMS = [(x, k) for x, k in zip([3, -1, 7, 0, 5, 2], [1, 2, 3, 4, 5, 6])]
 WANT = [x * x + k for x, k in ITEMS]
 
@@ -20,6 +27,7 @@ WANT = [x * x + k for x, k in ITEMS]
 def test_serial_and_pool_keep_input_order():
     assert map_jobs(square_plus, ITEMS, jobs=1, progress=False) == WANT
     assert map_jobs(square_plus, ITEMS, jobs=3, progress=False) == WANT
+    assert map_jobs(slow_first, ITEMS, jobs=3, progress=False) == WANT
     assert map_jobs(square_plus, [], jobs=2, progress=False) == []
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="jobs"):
