@@ -40,3 +40,4 @@ clean:
 	rm -rf build *.egg-info shadowprefill/*.so
 
 include mk/vllm.mk
+include mk/ray.mk

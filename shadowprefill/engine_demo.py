@@ -24,6 +24,7 @@ from shadowprefill.cluster.router import MarkovRouter
 from shadowprefill.cluster.workloads import Call, Session
 from shadowprefill.engine import EngineConfig, LLMEngine, WallClock
 from shadowprefill.model import Llama, ModelConfig
+from shadowprefill.usage import nonneg_int, positive_int
 
 MODELS = {"small": ModelConfig.tiny, "large": ModelConfig.tiny_large}
 
@@ -183,8 +184,8 @@ def summarize(records, engines, wall_s: float) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="shadowprefill engine-demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=DemoConfig.sessions)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sessions", type=positive_int, default=DemoConfig.sessions)
+    parser.add_argument("--seed", type=nonneg_int, default=0)
     args = parser.parse_args(argv)
     return run_demo(args)
 
@@ -214,8 +215,8 @@ def run_demo(args) -> int:
 def register(subparsers) -> None:
     """Adds `shadowprefill engine-demo` to the command line."""
     parser = subparsers.add_parser("engine-demo", help="shadow prefill on two tiny real models: no shadow vs Harvest-SLO")
-    parser.add_argument("--sessions", type=int, default=DemoConfig.sessions)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sessions", type=positive_int, default=DemoConfig.sessions)
+    parser.add_argument("--seed", type=nonneg_int, default=0)
     parser.set_defaults(func=run_demo)
 
 

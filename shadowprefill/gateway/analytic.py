@@ -31,7 +31,7 @@ class AnalyticParams:
     a_prefill_ms: float = 0.04  # ms/token
     b_attn_ms: float = 3e-6  # ms/token²
     tau_prefill_ms: float = 20.0  # ms fixed prefill overhead
-    t_decode_ms: float = 10.0  # ms/token, only for the secondary end-to-end latency diagnostic
+    t_decode_ms: float = 10.0  # ms/token (Table III; no Table IV metric uses it)
     t_route_ms: float = 2.0
     t_lookup_ms: float = 3.0
     eta: float = 0.10  # η = c_hit / c_miss
@@ -160,13 +160,6 @@ def e2e_cost_ratio(tokens, output_tokens, hit_rate, r_switch, params=DEFAULT_PAR
     out = params.output_price_ratio * output_tokens
     return ((tokens * input_cost_baseline(hit_rate, r_switch, params) + out)
             / (tokens * input_cost_gateway(hit_rate, params) + out))
-
-
-def e2e_latency_speedup(tokens, output_tokens, hit_rate, r_switch, params=DEFAULT_PARAMS) -> float:
-    """Secondary diagnostic: (T_prep + L_out·t_decode) baseline over gateway."""
-    dec = output_tokens * params.t_decode_ms
-    return ((prep_time_baseline_ms(tokens, hit_rate, r_switch, params) + dec)
-            / (prep_time_gateway_ms(tokens, hit_rate, r_switch, params) + dec))
 
 
 # ---- Table IV / Figure 5 --------------------------------------------------------------------------

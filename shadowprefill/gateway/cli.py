@@ -1,7 +1,7 @@
 """``shadowprefill gateway table|sweep``: Table IV as computed and the Figure 5 sensitivity (paper 003, §VI-C).
 
 ``register(subparsers)`` adds the ``gateway`` command to the main argparse parser; each leaf sets
-``func`` so the main entry point runs ``args.func(args)``. ``python -m shadowprefill.gateway.cli`` works too.
+``func`` so the main entry point runs ``args.func(args)``. ``python -m shadowprefill.gateway.cli`` works too; a bad argument is one line and exit status 2.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from ..usage import Parser, run_cli, user_input
 from .analytic import PROFILES, SWEEP_PARAMS, SWITCH_RATES, sensitivity, table_iv
 
 METRICS = ("ttft_speedup", "input_cost_ratio", "e2e_cost_ratio")
@@ -87,8 +88,9 @@ def _plot(rows: list[dict], param: str, path: str) -> None:
 
 
 def run_sweep(args) -> int:
+    with user_input("--out"):
+        os.makedirs(args.out, exist_ok=True)
     rows = sensitivity(args.param)
-    os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"gateway_sweep_{args.param}")
     with open(stem + ".csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["profile", "r_switch", "param", "value", *METRICS])
@@ -104,7 +106,7 @@ def run_sweep(args) -> int:
 def register(subparsers) -> argparse.ArgumentParser:
     """Add ``gateway table`` and ``gateway sweep`` to the main parser's subparsers."""
     gw = subparsers.add_parser("gateway", help="Unified AI Gateway analytic model (paper 003 §VI)")
-    sub = gw.add_subparsers(dest="gateway_cmd", required=True)
+    sub = gw.add_subparsers(dest="gateway_cmd", metavar="SUBCOMMAND", required=True)
     t = sub.add_parser("table", help="print Table IV as computed")
     t.add_argument("--compare", action="store_true", help="show the paper's value next to ours per cell")
     t.set_defaults(func=run_table)
@@ -116,10 +118,9 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="shadowprefill")
+    parser = Parser(prog="shadowprefill")
     register(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return run_cli(parser, argv)
 
 
 if __name__ == "__main__":

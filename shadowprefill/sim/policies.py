@@ -28,7 +28,7 @@ Choices the paper leaves open, fixed here:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,3 @@ def parse_policies(text: str) -> list[Policy]:
             if p not in out:
                 out.append(p)
     return out
-
-
-def with_overrides(policy: Policy, **changes) -> Policy:
-    """A copy of `policy` with some fields changed (sweeps, e.g. a different gate)."""
-    return replace(policy, **changes)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,35 +122,28 @@ def aggregate(runs: list[tuple[dict, dict]]) -> dict:
     return out
 
 
-def run_study(spec: StudySpec, log=None) -> dict:
-    """Run every experiment of `spec` (a process pool of `spec.jobs`) and aggregate them."""
+def default_study_models() -> tuple[str, ...]:
+    """The models of the default study and of the paper's protocol (`--paper-length`): their capacities
+    ship with the package (`sim/data/capacity.json`)."""
+    return parse_models(StudySpec.pair)
+
+
+def run_study(spec: StudySpec, log=None, *, ray: bool = False, ray_address: str | None = None) -> dict:
+    """Run every experiment of `spec` (a process pool of `spec.jobs`, or Ray tasks with `ray` /
+    `ray_address`) and aggregate them; runs are kept in `spec.experiments()` order either way."""
+    from shadowprefill.sim.runner import map_jobs
     exps = spec.experiments()
     jobs = max(1, min(spec.jobs or os.cpu_count() or 1, len(exps)))
     start = time.perf_counter()
-    # calibrate capacities once, in this process, so the workers find them cached
+    # capacities: shipped with the package for the default models; anything else is calibrated once, here,
+    # so that local workers find it cached
     from shadowprefill.sim.capacity import normal_rates
     from shadowprefill.sim.experiment import sim_config
     normal_rates(exps[0].models, sim_config(exps[0]), spec.rho, capacity=spec.capacity, log=log)
-    runs: list[tuple[dict, dict]] = []
-    bar = _bar(len(exps), log)
-    if jobs == 1:
-        for exp in exps:
-            runs.append(_run_one(exp))
-            bar.update(1)
-    else:
-        import multiprocessing as mp
-        with mp.get_context("fork").Pool(jobs) as pool:
-            for item in pool.imap_unordered(_run_one, exps):
-                runs.append(item)
-                bar.update(1)
-    bar.close()
+    runs = map_jobs(_run_one, exps, jobs=jobs, ray=ray, ray_address=ray_address, desc="runs",
+                    progress=log is not None)
     return {"spec": asdict(spec), "runs": runs, "aggregate": aggregate(runs),
             "wall_s": time.perf_counter() - start}
-
-
-def _bar(total: int, log):
-    from tqdm import tqdm
-    return tqdm(total=total, desc="runs", unit="run", disable=log is None, file=sys.stderr)
 
 
 def _paper_value(workload: str, key: str, policy: str):
@@ -246,53 +238,64 @@ def plot_study(study: dict, out_dir: str | Path) -> Path:
 # ------------------------------------------------------------------------------------------------ CLI
 def register(subparsers) -> None:
     """Adds `shadowprefill demo` (the main job: the headline study at paper defaults, reduced length)."""
+    from shadowprefill.sim.cli import add_ray_arguments
+    from shadowprefill.usage import nonneg_float, positive_float, positive_int
     p = subparsers.add_parser("demo", help="the paper's headline comparison (GHCP-like and FusionBench-like "
                                            "workloads), printed beside the paper's numbers, with figures")
     p.add_argument("--workloads", default="ghcp-coding,fusionbench")
     p.add_argument("--pair", default=StudySpec.pair)
     p.add_argument("--seeds", default="0", help="comma-separated seeds (paper: 0,1,2)")
     p.add_argument("--windows", default="peak,median,trough", help="comma-separated windows")
-    p.add_argument("--duration", type=float, default=300.0,
+    p.add_argument("--duration", type=positive_float, default=300.0,
                    help="measured simulated seconds per run (paper: 600; 1800 for GHCP; see --paper-length)")
     p.add_argument("--paper-length", action="store_true", help="the paper's run lengths and 120 s warm-up")
-    p.add_argument("--warmup", type=float, default=60.0)
+    p.add_argument("--warmup", type=nonneg_float, default=60.0)
+    p.add_argument("--session-rate", type=positive_float, help="sessions per second (default: each workload's)")
     p.add_argument("--policies", default=",".join(STUDY_POLICIES))
     p.add_argument("--capacity", help="per-instance capacity, MODEL=REQ_S[,MODEL=REQ_S] (skips calibration; the "
                                       "paper's testbed: Qwen2.5-7B=12.8,Llama-3.1-70B=3.8)")
-    p.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
+    p.add_argument("--jobs", type=positive_int, help="parallel processes (default: CPU count)")
     p.add_argument("--out", default="demo_out", help="directory for study.json and the figures")
+    add_ray_arguments(p)
     p.set_defaults(func=_demo)
 
 
-def _demo(args) -> int:
+def spec_from_args(args) -> StudySpec:
+    """The `StudySpec` of `demo`'s arguments (ValueError naming a bad one)."""
+    from shadowprefill.sim.cli import _capacity
     from shadowprefill.sim.policies import parse_policies
-    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    from shadowprefill.usage import comma_list
+    workloads = tuple(comma_list(args.workloads))
     if args.paper_length:
         duration, warmup = dict(PAPER_DURATION_S), 120.0
     else:
-        if not args.duration > 0:
-            raise SystemExit(f"shadowprefill demo: --duration must be > 0, got {args.duration}")
         duration, warmup = {w: args.duration for w in workloads}, args.warmup
-    try:
-        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
-    except ValueError:
-        raise SystemExit(f"shadowprefill demo: --seeds must be comma-separated integers, got {args.seeds!r}") from None
-    from shadowprefill.sim.cli import _capacity
-    try:
-        spec = StudySpec(workloads=workloads, pair=args.pair, seeds=seeds, capacity=_capacity(args.capacity),
-                         windows=tuple(w.strip() for w in args.windows.split(",") if w.strip()),
-                         duration_s=duration, warmup_s=warmup,
-                         policies=tuple(p.name for p in parse_policies(args.policies)), jobs=args.jobs)
-        spec.experiments()           # validates the pair
-    except ValueError as exc:
-        raise SystemExit(f"shadowprefill demo: {exc}") from None
+    spec = StudySpec(workloads=workloads, pair=args.pair, seeds=tuple(comma_list(args.seeds, int, "--seeds integer")),
+                     capacity=_capacity(args.capacity), windows=tuple(comma_list(args.windows)),
+                     duration_s=duration, warmup_s=warmup, session_rate=args.session_rate,
+                     policies=tuple(p.name for p in parse_policies(args.policies)), jobs=args.jobs)
+    if any(s < 0 for s in spec.seeds):
+        raise ValueError(f"--seeds must be integers >= 0, got {args.seeds!r}")
+    spec.experiments()               # validates the pair
+    return spec
+
+
+def _demo(args) -> int:
+    from shadowprefill.sim.cli import check_ray
+    from shadowprefill.usage import user_input
+    use_ray = check_ray(args)
+    with user_input():
+        spec = spec_from_args(args)
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: exists and is not a directory")
     n = len(spec.experiments())
-    print(f"shadowprefill demo: {n} runs ({', '.join(workloads)} x seeds {list(seeds)} x windows "
-          f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, "
-          f"{spec.jobs or os.cpu_count()} processes", flush=True)
-    study = run_study(spec, log=print)
+    where = ("Ray tasks" + (f" on {args.ray_address}" if args.ray_address else "") if use_ray
+             else f"{spec.jobs or os.cpu_count()} processes")
+    print(f"shadowprefill demo: {n} runs ({', '.join(spec.workloads)} x seeds {list(spec.seeds)} x windows "
+          f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, {where}", flush=True)
+    study = run_study(spec, log=print, ray=use_ray, ray_address=args.ray_address)
     print(study_table(study))
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "study.json").write_text(json.dumps({k: v for k, v in study.items()}, indent=1, default=str))
     fig = plot_study(study, out)

@@ -130,11 +130,17 @@ def test_bad_config():
 
 
 def test_simulate_cli_writes_the_json_keys(tmp_path):
-    out, figs = tmp_path / "run.json", tmp_path / "figs"
+    """`simulate` end to end: the JSON's keys, and its numbers against an independent recomputation from the
+    per-call records it writes (`--records`) and from the sessions the workload generator makes."""
+    from shadowprefill.cluster.workloads import generate_sessions
+    from shadowprefill.model.catalog import MODELS
+    from shadowprefill.sim.metrics import REDUCTION_METRICS
+
+    out, figs, rec = tmp_path / "run.json", tmp_path / "figs", tmp_path / "calls.jsonl"
     rc = cli_main(["simulate", "--workload", "fusionbench", "--pair", f"{SMALL}/{LARGE}", "--policies",
                    "no-shadow,harvest-slo+host,oracle+host", "--duration", "20", "--warmup", "2", "--instances",
                    "1", "--session-rate", "0.3", "--capacity", f"{SMALL}=2,{LARGE}=2", "--rho", "0.5",
-                   "--seed", "1", "--out", str(out), "--plot", str(figs), "--quiet"])
+                   "--seed", "1", "--out", str(out), "--records", str(rec), "--plot", str(figs), "--quiet"])
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data) == {"config", "policies"}
@@ -146,8 +152,61 @@ def test_simulate_cli_writes_the_json_keys(tmp_path):
                     "energy_per_good_request_j", "shadow_tokens", "shadow_tokens_unused", "num_switch_calls",
                     "num_calls"):
             assert key in p
-        assert p["num_calls"] > 0
+    base = data["policies"]["no-shadow"]
+    assert all(base[f"{m}_reduction_pct"] == 0.0 for m in REDUCTION_METRICS)     # the baseline vs itself
+    assert base["shadow_tokens"] == 0
     assert data["policies"]["oracle+host"]["switch_latency_gain_vs_oracle"] == pytest.approx(1.0)
+
+    # the sessions the generator makes for this seed: every measured one completes under every policy
+    sessions = {s.session_id: s for s in generate_sessions("fusionbench", (SMALL, LARGE), duration_s=22.0, seed=1,
+                                                           session_rate=0.3)}
+    assert data["config"]["sessions"] == len(sessions)
+    assert data["config"]["calls"] == sum(len(s.calls) for s in sessions.values())
+    measured = {sid for sid, s in sessions.items() if 2.0 <= s.arrival_s < 22.0}
+    assert len(measured) >= 3
+    want_calls = sum(len(sessions[sid].calls) for sid in measured)
+    want_switch = sum(1 for sid in measured for k, c in enumerate(sessions[sid].calls)
+                      if k and c.model != sessions[sid].calls[k - 1].model)
+    assert want_switch > 0
+    records: dict[str, list[dict]] = {}
+    for line in rec.read_text().splitlines():
+        r = json.loads(line)
+        records.setdefault(r["policy"], []).append(r)
+    assert set(records) == set(data["policies"])
+    for name, rs in records.items():
+        summary = data["policies"][name]
+        mine = [r for r in rs if r["measured"]]
+        assert {r["session_id"] for r in mine} == measured
+        assert summary["num_calls"] == len(mine) == want_calls
+        assert summary["num_switch_calls"] == want_switch
+        for r in rs:                                    # each record is the generated call it claims to be
+            s, k = sessions[r["session_id"]], r["call_index"]
+            assert r["model"] == s.calls[k].model and r["prompt_tokens"] == s.prompt_len(k)
+            assert r["is_switch"] == (k > 0 and s.calls[k].model != s.calls[k - 1].model)
+            assert r["arrival"] <= r["first_token"] <= r["finish"] and 0 <= r["cached_tokens"] <= r["prompt_tokens"]
+
+    def recompute(rs):
+        mine = [r for r in rs if r["measured"]]
+        switch = [r for r in mine if r["is_switch"]]
+        price = {m: (MODELS[m].price_input, MODELS[m].price_output) for m in (SMALL, LARGE)}
+        cost = sum(((r["prompt_tokens"] - r["cached_tokens"]) + 0.1 * r["cached_tokens"]) * price[r["model"]][0]
+                   + r["output_tokens"] * price[r["model"]][1] for r in mine) / 1e6        # §5.1: cached at 10%
+        return {"switch_call_latency_mean_s": sum(r["finish"] - r["arrival"] for r in switch) / len(switch),
+                "switch_call_ttft_mean_s": sum(r["first_token"] - r["arrival"] for r in switch) / len(switch),
+                "llm_call_latency_mean_s": sum(r["finish"] - r["arrival"] for r in mine) / len(mine),
+                "hit_rate": sum(r["cached_tokens"] for r in mine) / sum(r["prompt_tokens"] for r in mine),
+                "switch_hit_rate": (sum(r["cached_tokens"] for r in switch)
+                                    / sum(r["prompt_tokens"] for r in switch)),
+                "token_cost": cost}
+
+    ours = {name: recompute(rs) for name, rs in records.items()}
+    for name, values in ours.items():
+        for key, value in values.items():
+            assert data["policies"][name][key] == pytest.approx(value, rel=1e-9), (name, key)
+        for key in ("switch_call_latency_mean_s", "switch_call_ttft_mean_s", "llm_call_latency_mean_s",
+                    "token_cost"):
+            want = 100.0 * (ours["no-shadow"][key] - values[key]) / ours["no-shadow"][key]
+            assert data["policies"][name][f"{key}_reduction_pct"] == pytest.approx(want, rel=1e-9, abs=1e-9)
     assert sorted(f.name for f in figs.iterdir()) == ["hit_rates.png", "reductions.png", "switch_cdfs.png"]
 
 
