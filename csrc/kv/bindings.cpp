@@ -56,7 +56,9 @@ PYBIND11_MODULE(_C_kv, m) {
       .def_property_readonly("tokens", [](const PageChain& c) { return c.tokens; })
       .def_property_readonly("block_size", [](const PageChain& c) { return c.block_size; })
       .def_property_readonly("root", [](const PageChain& c) { return h128_to_int(c.root); })
-      .def_property_readonly("hashes", [](const PageChain& c) { return hashes_to_list(c.hashes); });
+      .def_property_readonly("hashes", [](const PageChain& c) { return hashes_to_list(c.hashes); })
+      .def_property_readonly("pages", [](const PageChain& c) { return to_list(c.pages); },
+                             "The device pages the last manager that used the chain found its first hashes on.");
 
   py::class_<HostIndex>(m, "HostIndex", "Host tier entries: page hash -> slot, LRU, a class per slot.")
       .def(py::init<int64_t>(), py::arg("num_pages"))
