@@ -58,7 +58,9 @@ def _check_int(value, name: str, low: int) -> int:
 
 
 class KVCacheManager:
-    """Request-level KV cache calls of one instance (`kv_cache=None`: bookkeeping only, for simulation)."""
+    """Request-level KV cache calls of one instance (`kv_cache=None`: bookkeeping only, for simulation).
+    `backend`: "native" (the C++ core; the default when built) or "python" (the reference); None takes
+    SHADOWPREFILL_KV_BACKEND or the default. A shared HostTier serves pools of one backend."""
 
     def __init__(self, num_blocks: int, block_size: int, *, kv_cache: torch.Tensor | None = None,
                  host_tier: HostTier | None = None, page_bytes: int = 0, shadow_fraction: float = 0.25,
@@ -144,7 +146,8 @@ class KVCacheManager:
 
     def hash_chain(self, token_ids, tenant: str = "") -> PageHashes:
         """The page-hash chain of an append-only token list of this model and `tenant`, to pass as `hashes=`
-        to every call about that list (pages are hashed once)."""
+        to every call about that list (pages are hashed once; the pages found are remembered). A PageHashes
+        (python backend) or the native PageChain: the same `tokens`, `hashes`, `extend_to`, `retarget`."""
         return self._core.hash_chain(as_token_sequence(token_ids), tenant)
 
     def peek_prefix(self, token_ids, *, tenant: str = "", max_tokens: int | None = None,
