@@ -116,6 +116,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.seqs = {}        # id -> (tenant, tokens, pages, shadow)
         self.history = []
+        self.chained = []     # (chain key, tenant, tokens) of admissions that kept a chain
         self.next_id = 0
 
     def both(self, method, *args, chain_key=None, **kwargs):
@@ -141,9 +142,10 @@ class DifferentialMachine(RuleBasedStateMachine):
         tenant, tokens = self.draw_tokens(data)
         key = None
         if use_chain:
-            key = self.next_id
+            key = len(self.chained)
             for t in self.twins:
                 t.chains[key] = t.kv.hash_chain(tokens, tenant=tenant)
+            self.chained.append((key, tenant, tokens))
         peeks = self.both("peek_prefix", tokens, tenant=tenant, chain_key=key)
         assert peeks[0] == peeks[1]
         matches = self.both("match_prefix", tokens, now=self.now, tenant=tenant, shadow=shadow, promote=promote,
@@ -167,6 +169,21 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.seqs[self.next_id] = (tenant, tokens, pages, shadow)
         self.history.append((tenant, tokens))
         self.next_id += 1
+
+    @precondition(lambda self: self.chained)
+    @rule(data=st.data(), shadow=st.booleans(), promote=st.booleans(), grow=st.lists(TOKENS, max_size=4))
+    def rematch(self, data, shadow, promote, grow):
+        """A kept chain used again (as a shadow job's, chunk after chunk): its remembered pages are
+        revalidated, also after evictions; its token list may have grown."""
+        key, tenant, tokens = data.draw(st.sampled_from(self.chained))
+        tokens += grow
+        got = self.both("peek_prefix", tokens, tenant=tenant, chain_key=key)
+        assert got[0] == got[1]
+        m0, m1 = self.both("match_prefix", tokens, now=self.now, tenant=tenant, shadow=shadow, promote=promote,
+                           chain_key=key)
+        assert (m0.block_ids, m0.device_tokens, m0.host_tokens, m0.shadow_tokens) == \
+               (m1.block_ids, m1.device_tokens, m1.host_tokens, m1.shadow_tokens)
+        assert self.both("free", m0.block_ids, now=self.now) == [None, None]
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -250,8 +267,8 @@ class AsyncDifferentialMachine(DifferentialMachine):
 @pytest.mark.parametrize("machine, examples, wanted", [
     (DifferentialMachine, 150, ("host_hit_tokens", "shadow_blocks_promoted", "shadow_evictions", "host_drops",
                                 "allocation_failures", "shadow_blocks_wasted")),
-    (TensorDifferentialMachine, 60, ("host_hit_tokens", "spills", "reloads")),
-    (AsyncDifferentialMachine, 60, ("host_hit_tokens", "spills", "reloads", "spills_cancelled")),
+    (TensorDifferentialMachine, 100, ("host_hit_tokens", "spills", "reloads")),
+    (AsyncDifferentialMachine, 150, ("host_hit_tokens", "spills", "reloads", "spills_cancelled")),
 ], ids=["bookkeeping", "tensors", "async-copies"])
 def test_backends_take_the_same_decisions(machine, examples, wanted):
     SEEN.clear()
