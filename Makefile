@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.shadowprefill-installed
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-SOURCES := setup.py pyproject.toml CMakeLists.txt $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu)
+SOURCES := setup.py pyproject.toml CMakeLists.txt $(wildcard csrc/*.h csrc/*/*.h csrc/*/*.cpp csrc/*/*.cu)
 
 .PHONY: install test demo bench clean
 

@@ -1,4 +1,4 @@
-"""Build shadowprefill: the pybind11 extensions (_C, and _C_cuda where nvcc is found) through CMake.
+"""Build shadowprefill: the pybind11 extensions (_C, _C_kv, and _C_cuda where nvcc is found) through CMake.
 
 Environment: SHADOWPREFILL_CUDA=auto|0|1 (default auto: build the CUDA copies whenever nvcc is found),
 CMAKE_BUILD_PARALLEL_LEVEL (default: all cores).
@@ -13,6 +13,7 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent.resolve()
+MAIN_MODULE = "shadowprefill._C"
 CUDA_MODULE = "shadowprefill._C_cuda"
 
 
@@ -23,7 +24,7 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
-        if ext.name == CUDA_MODULE:
+        if ext.name != MAIN_MODULE:
             return  # built by the same CMake run as _C
         import pybind11
 
@@ -73,6 +74,6 @@ setup(
     # module would shadow the unrelated package of that name that vLLM imports.
     packages=find_packages(include=["shadowprefill", "shadowprefill.*"]) + ["shadowprefill.triton_kernels"],
     package_dir={"shadowprefill": "shadowprefill", "shadowprefill.triton_kernels": "triton_kernels"},
-    ext_modules=[CMakeExtension("shadowprefill._C")],
+    ext_modules=[CMakeExtension(MAIN_MODULE), CMakeExtension("shadowprefill._C_kv")],
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -46,11 +46,10 @@ class Request:
 class PoolWorkload:
     """An engine's pool calls, iteration by iteration (scheduler simplified, no model)."""
 
-    def __init__(self, seed: int = 0, use_chains: bool = False):
+    def __init__(self, seed: int = 0, use_chains: bool = False, backend: str = "python"):
         rng = random.Random(seed)
         self.use_chains = use_chains
-        self.pool = KVCacheManager(NUM_BLOCKS, BS, page_bytes=PAGE_BYTES, model_id="llama-3-8b",
-                              host_tier=HostTier(capacity_bytes=32 * 2**30, page_bytes=PAGE_BYTES))
+        self.pool = fresh_pool(backend)
         histories = [[rng.randrange(128_000) for _ in range(PREFIX_PAGES * BS)] for _ in range(SESSIONS)]
         suffixes = [[rng.randrange(128_000) for _ in range(NEW_TOKENS)] for _ in range(97)]
         self.prompts = [histories[i % SESSIONS] + suffixes[(7 * i) % 97] + [i] for i in range(4096)]
@@ -136,9 +135,9 @@ def record(iterations: int, use_chains: bool = False) -> tuple[list, PoolWorkloa
     return recorder.iterations, w
 
 
-def fresh_pool() -> KVCacheManager:
-    return KVCacheManager(NUM_BLOCKS, BS, page_bytes=PAGE_BYTES, model_id="llama-3-8b",
-                     host_tier=HostTier(capacity_bytes=32 * 2**30, page_bytes=PAGE_BYTES))
+def fresh_pool(backend: str) -> KVCacheManager:
+    return KVCacheManager(NUM_BLOCKS, BS, page_bytes=PAGE_BYTES, model_id="llama-3-8b", backend=backend,
+                          host_tier=HostTier(capacity_bytes=32 * 2**30, page_bytes=PAGE_BYTES))
 
 
 def bind(trace: list, pool: KVCacheManager) -> list:
@@ -161,9 +160,9 @@ def run_iteration(calls: list) -> None:
         method(*args, **kwargs)
 
 
-def replay(trace: list, measured: int) -> tuple[list[float], list[float], KVCacheManager]:
+def replay(trace: list, measured: int, backend: str) -> tuple[list[float], list[float], KVCacheManager]:
     """Replay the trace on a fresh pool; (wall µs, thread CPU µs) of each of the last `measured` iterations."""
-    pool = fresh_pool()
+    pool = fresh_pool(backend)
     bound = bind(trace, pool)
     wall, cpu = [], []
     for i, calls in enumerate(bound):
@@ -190,11 +189,13 @@ def _describe(w: PoolWorkload, trace: list) -> str:
             f"(host tier, bookkeeping), {st.host_drops / n:.0f} host drops")
 
 
-def test_pool_bookkeeping_per_iteration(benchmark):
-    """pytest-benchmark times the replay of each recorded steady-state iteration (one round each)."""
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_pool_bookkeeping_per_iteration(benchmark, backend):
+    """pytest-benchmark times the replay of each recorded steady-state iteration (one round each). The trace
+    is recorded on the Python reference, so the final stats check also compares the backends."""
     warmup, measured = 1000, 1000
     trace, w = record(warmup + measured)
-    pool = fresh_pool()
+    pool = fresh_pool(backend)
     bound = bind(trace, pool)
     for calls in bound[:warmup]:
         run_iteration(calls)
@@ -210,9 +211,11 @@ def test_pool_bookkeeping_per_iteration(benchmark):
 class LongSession:
     """One shadow job on a 64K-token session whose context is cached (see module docstring, 2.)."""
 
-    def __init__(self, use_chain: bool, context: int = 65536, chunk: int = 512, max_chunks: int = 128):
+    def __init__(self, use_chain: bool, context: int = 65536, chunk: int = 512, max_chunks: int = 128,
+                 backend: str = "native"):
         rng = random.Random(1)
-        self.pool = KVCacheManager(2 * (context + max_chunks * chunk) // BS, BS, model_id="llama-3-8b")
+        self.pool = KVCacheManager(2 * (context + max_chunks * chunk) // BS, BS, model_id="llama-3-8b",
+                                   backend=backend)
         self.history = [rng.randrange(128_000) for _ in range(context)]
         ids = self.pool.allocate(context // BS, now=0.0)
         self.pool.commit(ids, self.history, now=0.0)
@@ -233,9 +236,9 @@ class LongSession:
         self.now += 0.05
 
 
-def shadow_chunks(use_chain: bool, chunks: int = 64) -> list[float]:
+def shadow_chunks(use_chain: bool, backend: str, chunks: int = 64) -> list[float]:
     """Thread-CPU µs of each chunk's pool calls (the first chunk, which builds the chain, included)."""
-    session, out = LongSession(use_chain, max_chunks=chunks), []
+    session, out = LongSession(use_chain, max_chunks=chunks, backend=backend), []
     for _ in range(chunks):
         t0 = time.thread_time_ns()
         session.chunk()
@@ -243,9 +246,10 @@ def shadow_chunks(use_chain: bool, chunks: int = 64) -> list[float]:
     return out
 
 
+@pytest.mark.parametrize("backend", ["python", "native"])
 @pytest.mark.parametrize("use_chain", [False, True], ids=["rehash", "page-hashes"])
-def test_long_session_shadow_chunks(benchmark, use_chain):
-    session = LongSession(use_chain, max_chunks=40)
+def test_long_session_shadow_chunks(benchmark, use_chain, backend):
+    session = LongSession(use_chain, max_chunks=40, backend=backend)
     benchmark.pedantic(session.chunk, rounds=32, iterations=1, warmup_rounds=2)
 
 
@@ -290,14 +294,18 @@ def test_spill_reload_bandwidth():
 
 
 if __name__ == "__main__":
-    for use_chains in (False, True):
-        trace, w = record(2000, use_chains)
-        wall, cpu, _ = replay(trace, 1000)
-        print(f"pool bookkeeping per iteration (bookkeeping-only pool, one thread, last 1000 of 2000 iterations, "
-              f"{'requests keep PageHashes (hashes=)' if use_chains else 'no hashes='}): wall {_summary(wall)}; "
-              f"thread CPU {_summary(cpu)}")
-    print(_describe(w, trace))
-    for use_chain in (False, True):
-        print(f"shadow chunk of 512 tokens on a 64K-token cached session, pool calls "
-              f"({'with the job PageHashes' if use_chain else 're-hashing the prefix'}): "
-              f"thread CPU {_summary(shadow_chunks(use_chain))} per chunk")
+    import sys
+    backends = sys.argv[1:] or ["python", "native"]
+    traces = {use_chains: record(2000, use_chains) for use_chains in (False, True)}
+    for backend in backends:
+        for use_chains, (trace, w) in traces.items():
+            wall, cpu, pool = replay(trace, 1000, backend)
+            assert pool.stats.as_dict() == w.pool.stats.as_dict()
+            print(f"[{backend}] pool bookkeeping per iteration (bookkeeping-only pool, one thread, last 1000 of 2000 "
+                  f"iterations, {'requests keep PageHashes (hashes=)' if use_chains else 'no hashes='}): "
+                  f"wall {_summary(wall)}; thread CPU {_summary(cpu)}")
+        for use_chain in (False, True):
+            print(f"[{backend}] shadow chunk of 512 tokens on a 64K-token cached session, pool calls "
+                  f"({'with the job PageHashes' if use_chain else 're-hashing the prefix'}): "
+                  f"thread CPU {_summary(shadow_chunks(use_chain, backend))} per chunk")
+    print(_describe(*traces[False][::-1]))

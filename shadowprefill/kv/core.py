@@ -9,11 +9,16 @@ arrive as lists or tuples (the manager converts); every method that depends on t
 """
 from __future__ import annotations
 
+import itertools
+
 from .offload import HostOffload
 from .page_hash import PageHashes, chain_pages, pool_salt, salt_root
 from .page_pool import PagePool
 from .prefix_index import PrefixIndex
 from .stats import PoolStats
+
+
+_SERIALS = itertools.count(1)   # identifies a core in the chains it resolved pages for
 
 
 class KVCore:
@@ -29,6 +34,7 @@ class KVCore:
         self.stats = PoolStats(block_size=block_size, num_blocks=num_blocks, shadow_cap_blocks=shadow_cap)
         self._roots: dict[str, int] = {}
         self._now = float("-inf")
+        self.serial = next(_SERIALS)
 
     # ---- queries ---------------------------------------------------------------------------------------
     def counts(self) -> tuple[int, int, int, int]:
@@ -71,9 +77,10 @@ class KVCore:
         """(device tokens, host tokens) of the longest cached prefix of tokens[:limit]; changes nothing."""
         bs, tier = self.block_size, self.host
         chain = self._chain(tokens, tenant, hashes)
-        device, host = 0, 0
+        known = self._known_pages(chain, hashes, limit // bs)
+        device, host = known * bs, 0
         get, spill_index = self.index.pages.get, self.offload.spill_index
-        for h in _hashes(chain, 0, limit // bs):
+        for h in _hashes(chain, known, limit // bs):
             if get(h) is not None or h in spill_index:
                 device += bs
             elif tier is not None and tier.peek(h) >= 0:
@@ -100,9 +107,12 @@ class KVCore:
         pool, offload, host = self.pool, self.offload, self.host
         get, spill_index = self.index.pages.get, offload.spill_index
         num_pages, num_host = limit // bs, 0
-        blocks = list(map(get, chain.hashes[:num_pages]))    # known hashes: looked up in bulk
-        if None in blocks:
-            del blocks[blocks.index(None):]
+        known = self._known_pages(chain, hashes, num_pages)   # the chain's pages that are still canonical
+        blocks = chain.pages[:known]
+        run = list(map(get, chain.hashes[known:num_pages]))    # known hashes: looked up in bulk
+        if None in run:
+            del run[run.index(None):]
+        blocks += run
         pool.acquire(blocks)      # references taken now, so reload allocations below cannot evict them
         for h in _hashes(chain, len(blocks), num_pages):    # blocks: device pages; host hits as tuples
             b = get(h)
@@ -130,6 +140,9 @@ class KVCore:
                         st.shadow_blocks_promoted += 1
         if ready is None and offload.side_copy:
             ready = offload.pending_event(blocks, reloaded)   # a copy into / out of a page may still run
+        if hashes is not None:    # a kept chain remembers where its pages are (all canonical now)
+            gen = self.index.gen
+            chain.owner, chain.pages, chain.gens = self.serial, list(blocks), [gen[b] for b in blocks]
         device = (len(blocks) - len(reloaded)) * bs
         matched = len(blocks) * bs
         st.lookups += 1
@@ -188,6 +201,15 @@ class KVCore:
                 new += more
         registered = index.register(pages[first:n_full], new)
         self.offload.forget(registered)   # an older copy being spilled is no longer canonical
+        if chain is not None and chain.owner != self.serial and first == 0:
+            chain.owner, chain.pages, chain.gens = self.serial, [], []
+        if chain is not None and chain.owner == self.serial and len(chain.pages) == first:
+            get, gen = index.pages.get, index.gen     # the chain remembers the new canonical pages
+            for b, h in zip(pages[first:n_full], new):
+                if get(h) != b:
+                    break
+                chain.pages.append(b)
+                chain.gens.append(gen[b])
         return len(registered)
 
     def free(self, pages, now: float) -> None:
@@ -233,6 +255,13 @@ class KVCore:
                              "(use KVCacheManager.hash_chain(token_ids, tenant=...))")
         hashes.extend_to(0)   # O(1) check: drops known pages the token list no longer holds (append-only)
         return hashes
+
+    def _known_pages(self, chain: PageHashes, hashes, num_pages: int) -> int:
+        """How many leading pages of a kept chain this core resolved before and are still canonical (a
+        generation check per page, no lookup: a long shadow job's prefix is not looked up per chunk)."""
+        if hashes is None or chain.owner != self.serial:
+            return 0
+        return self.index.valid_prefix(chain.pages, chain.gens, num_pages)
 
     def _make_room(self, n: int, shadow: bool, now: float) -> bool:
         """Evict what an allocation of n pages needs; whether it can proceed now."""

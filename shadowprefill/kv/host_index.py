@@ -1,5 +1,6 @@
 """HostIndex: the entries of a HostTier (paper §3.3 "Host-memory spill tier"): page hash -> slot, LRU, the
-class of each slot. When full, admitting a page drops the least recently used entry.
+class of each slot. When full, admitting a page drops the least recently used entry. The reference
+implementation; the native KV core works on its C++ twin (csrc/kv/host_index.h).
 """
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from collections import OrderedDict
 
 
 def make_host_index(num_pages: int, backend: str):
-    """A HostIndex of `num_pages` slots."""
+    """A HostIndex of `num_pages` slots for a KV core of `backend`: "python" (this class) or "native" (the
+    C++ one, shadowprefill._C_kv.HostIndex: same methods, same decisions)."""
     if backend == "python":
         return HostIndex(num_pages)
-    raise ValueError(f"backend: expected 'python', got {backend!r}")
+    if backend == "native":
+        from .native import native_module
+        return native_module().HostIndex(num_pages)
+    raise ValueError(f"backend: expected 'python' or 'native', got {backend!r}")
 
 
 class HostIndex:

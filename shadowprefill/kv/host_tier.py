@@ -62,7 +62,7 @@ class HostTier:
         self._side_streams: dict = {}
 
     # ---- bookkeeping: the entries (HostIndex) ---------------------------------------------------------
-    def attach(self, backend: str = "python"):
+    def attach(self, backend: str):
         """The tier's index for a pool of `backend` ("python" or "native"): made on first use; every pool
         sharing a tier must use the same backend."""
         if self._index is None:
@@ -73,7 +73,11 @@ class HostTier:
 
     @property
     def index(self):
-        return self._index if self._index is not None else self.attach()
+        """The HostIndex (made for the default backend if no pool attached the tier yet)."""
+        if self._index is None:
+            from .native import resolve_backend
+            self.attach(resolve_backend(None))
+        return self._index
 
     @property
     def num_used(self) -> int:

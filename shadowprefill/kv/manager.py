@@ -18,8 +18,10 @@ only). Pages are identified by their page hash (page_hash.py). Every time-depend
 tenant)`) so their pages are hashed once. With kv_cache=None (and a bookkeeping-only HostTier) the manager
 takes the same decisions and keeps the same accounting without tensors.
 
-The manager validates arguments and moves bytes (HostTier copies); the decisions are taken by its core
-(core.py: the page pool, prefix index and host offload parts, sequenced in one place).
+The manager validates arguments and moves bytes (HostTier copies); the decisions are taken by its core:
+`backend="python"` is core.py (the page pool, prefix index and host offload parts, sequenced in one place:
+the reference), `backend="native"` the C++ core of csrc/kv/ (the same decisions and accounting, one call
+per manager call; native.py). The default is native when it was built (SHADOWPREFILL_KV_BACKEND overrides).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import torch
 
 from .core import KVCore
 from .host_tier import HostTier
+from .native import native_module, resolve_backend
 from .page_hash import PageHashes, as_token_sequence
 from .stats import PoolStats
 
@@ -55,11 +58,13 @@ def _check_int(value, name: str, low: int) -> int:
 
 
 class KVCacheManager:
-    """Request-level KV cache calls of one instance (`kv_cache=None`: bookkeeping only, for simulation)."""
+    """Request-level KV cache calls of one instance (`kv_cache=None`: bookkeeping only, for simulation).
+    `backend`: "native" (the C++ core; the default when built) or "python" (the reference); None takes
+    SHADOWPREFILL_KV_BACKEND or the default. A shared HostTier serves pools of one backend."""
 
     def __init__(self, num_blocks: int, block_size: int, *, kv_cache: torch.Tensor | None = None,
                  host_tier: HostTier | None = None, page_bytes: int = 0, shadow_fraction: float = 0.25,
-                 cold_age_s: float = 5.0, model_id: str = "") -> None:
+                 cold_age_s: float = 5.0, model_id: str = "", backend: str | None = None) -> None:
         self.num_blocks = _check_int(num_blocks, "num_blocks", 1)
         self.block_size = _check_int(block_size, "block_size", 1)
         if not 0.0 <= shadow_fraction <= 1.0:
@@ -85,9 +90,13 @@ class KVCacheManager:
         self.shadow_fraction, self.cold_age_s = shadow_fraction, cold_age_s
         self.shadow_cap = int(shadow_fraction * num_blocks)  # §3.3: "limited to 25% of the KV pool"
         copy = self._copy if kv_cache is not None and host_tier is not None else None
-        host_index = host_tier.attach("python") if host_tier is not None else None
-        self._core = KVCore(num_blocks, block_size, self.shadow_cap, cold_age_s, model_id, host_index,
-                            self.page_bytes, copy)
+        self.backend = resolve_backend(backend)
+        if self.backend == "native" and num_blocks >= 2**31:
+            raise ValueError(f"num_blocks: the native backend holds < 2**31 pages, got {num_blocks}")
+        host_index = host_tier.attach(self.backend) if host_tier is not None else None
+        core = native_module().KVCore if self.backend == "native" else KVCore
+        self._core = core(num_blocks, block_size, self.shadow_cap, cold_age_s, model_id, host_index,
+                          self.page_bytes, copy)
 
     # ---- queries (no state change) ---------------------------------------------------------------------
     @property
@@ -137,7 +146,8 @@ class KVCacheManager:
 
     def hash_chain(self, token_ids, tenant: str = "") -> PageHashes:
         """The page-hash chain of an append-only token list of this model and `tenant`, to pass as `hashes=`
-        to every call about that list (pages are hashed once)."""
+        to every call about that list (pages are hashed once; the pages found are remembered). A PageHashes
+        (python backend) or the native PageChain: the same `tokens`, `hashes`, `extend_to`, `retarget`."""
         return self._core.hash_chain(as_token_sequence(token_ids), tenant)
 
     def peek_prefix(self, token_ids, *, tenant: str = "", max_tokens: int | None = None,
@@ -168,7 +178,7 @@ class KVCacheManager:
         cancelled) or in the host tier; host pages are reloaded into fresh pages of the caller's class,
         stopping at the first one that cannot be allocated now. One reference is taken on every returned
         page. promote=True (a routed request) turns hit shadow pages into normal ones (§3.3)."""
-        tokens = as_token_sequence(token_ids)
+        tokens = token_ids if token_ids.__class__ is list else as_token_sequence(token_ids)
         limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
         blocks, device, host, shadow_tokens, ready = self._core.match(tokens, now, tenant, shadow, promote, limit,
                                                                       hashes)
@@ -179,7 +189,7 @@ class KVCacheManager:
         May evict cached pages (spilling them to the host tier). With async CUDA spills an evicted page is
         handed out only after poll() saw its copy complete: allocate starts the spills it needs and returns
         None; the same call succeeds on a later iteration."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if n.__class__ is not int or n < 0:
             raise ValueError(f"n: expected an int >= 0, got {n!r}")
         return self._core.allocate(n, now, shadow)
 
@@ -190,7 +200,9 @@ class KVCacheManager:
         after the last registered one are hashed (hashes=: taken from / added to the chain). Idempotent.
         Returns the number of pages that became cache entries (a page whose content is already cached
         elsewhere gets the hash, for the chain, but stays private and is freed on release)."""
-        return self._core.commit(block_ids, as_token_sequence(token_ids), now, tenant, num_tokens, hashes)
+        if token_ids.__class__ is not list:   # (the common case, a list, skips the call)
+            token_ids = as_token_sequence(token_ids)
+        return self._core.commit(block_ids, token_ids, now, tenant, num_tokens, hashes)
 
     def free(self, block_ids, *, now: float) -> None:
         """Drop one reference on each page. A page reaching ref 0 stays cached (evictable, most recently used

@@ -89,15 +89,17 @@ def page_hashes(token_ids, block_size: int, salt: str = "") -> list[int]:
 
 
 class PageHashes:
-    """The page hashes of one append-only token sequence, each page hashed once.
+    """The page hashes of one append-only token sequence, each page hashed once, and the device pages the
+    last KV manager that used it found them on.
 
     An engine keeps one per long-lived sequence (a shadow job, a session) and passes it as `hashes=` to the
-    KV manager's calls, so a long prefix is not re-hashed on every call (O(new pages), not O(context)).
-    `tokens` may grow (append) between calls; `retarget` moves the chain to a new list sharing a prefix.
-    Build it with `KVCacheManager.hash_chain` (it knows the salt).
+    KV manager's calls, so a long prefix is not re-hashed on every call (O(new pages), not O(context)), and
+    its cached pages are revalidated by a generation check per page instead of a lookup (`pages`, `gens`:
+    what manager `owner` resolved the first hashes to; core.py). `tokens` may grow (append) between calls;
+    `retarget` moves the chain to a new list sharing a prefix. Build it with `KVCacheManager.hash_chain`.
     """
 
-    __slots__ = ("tokens", "block_size", "root", "hashes", "_tail")
+    __slots__ = ("tokens", "block_size", "root", "hashes", "_tail", "owner", "pages", "gens")
 
     def __init__(self, tokens, block_size: int, root: int):
         self.tokens = as_token_sequence(tokens)
@@ -105,6 +107,9 @@ class PageHashes:
         self.root = root
         self.hashes: list[int] = []     # hashes[i]: page i's chained hash
         self._tail = None               # the last token of the last known page (an O(1) staleness check)
+        self.owner = None               # the KV core whose pages `pages` are
+        self.pages: list[int] = []      # pages[i]: the canonical device page of hashes[i] when last seen
+        self.gens: list[int] = []       # gens[i]: that page's generation then (valid while unchanged)
 
     def __len__(self) -> int:
         return len(self.hashes)
@@ -131,7 +136,8 @@ class PageHashes:
 
     def truncate(self, num_pages: int) -> None:
         """Forget pages from num_pages on."""
-        del self.hashes[max(0, min(num_pages, len(self.tokens) // self.block_size)):]
+        n = max(0, min(num_pages, len(self.tokens) // self.block_size))
+        del self.hashes[n:], self.pages[n:], self.gens[n:]
         n = len(self.hashes)
         self._tail = self.tokens[n * self.block_size - 1] if n else None
 

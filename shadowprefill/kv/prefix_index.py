@@ -3,7 +3,9 @@
 A page that a sequence committed carries its chained hash (page_hash.py). The first page registered under a
 hash is its canonical page: the one a prefix lookup returns and that stays cached (evictable) at ref 0. A
 later page with the same content gets the hash too (its sequence continues the chain from it) but stays
-private and is freed on release. Reference implementation; `csrc/kv/` holds the native one.
+private and is freed on release. A page's generation changes whenever it stops being canonical (evicted or
+freed), so "page b was canonical for h at generation g and still has g" proves it still is, without a lookup
+(kept chains use it). Reference implementation; `csrc/kv/` holds the native one.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ class PrefixIndex:
     def __init__(self, num_blocks: int):
         self.page_hash: list[int | None] = [None] * num_blocks
         self.pages: dict[int, int] = {}
+        self.gen = [0] * num_blocks
 
     def __len__(self) -> int:
         return len(self.pages)
@@ -34,6 +37,16 @@ class PrefixIndex:
             h = page_hash[b]
             (keep if h is not None and get(h) == b else other).append(b)
         return keep, other
+
+    def valid_prefix(self, pages: list[int], gens: list[int], limit: int) -> int:
+        """How many leading (page, generation) pairs (at most limit) still hold: the pages are still canonical."""
+        gen, n = self.gen, min(limit, len(pages))
+        if list(map(gen.__getitem__, pages[:n])) == gens[:n]:
+            return n
+        i = 0
+        while gen[pages[i]] == gens[i]:
+            i += 1
+        return i
 
     def first_unhashed(self, pages, end: int) -> int:
         """The smallest i <= end such that pages[i:end] carry no hash (the pages after the last hashed one)."""
@@ -70,14 +83,17 @@ class PrefixIndex:
 
     def remove(self, pages) -> list[int]:
         """Drop the entries of canonical pages (evicted; the pages keep their hash until freed)."""
-        page_hash, entries = self.page_hash, self.pages
+        page_hash, entries, gen = self.page_hash, self.pages, self.gen
         hashes = [page_hash[b] for b in pages]
         for h in hashes:
             del entries[h]
+        for b in pages:
+            gen[b] += 1
         return hashes
 
     def clear(self, pages) -> None:
         """Pages freed: they carry no hash any more (none of them is canonical)."""
-        page_hash = self.page_hash
+        page_hash, gen = self.page_hash, self.gen
         for b in pages:
             page_hash[b] = None
+            gen[b] += 1

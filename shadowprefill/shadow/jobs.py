@@ -76,7 +76,9 @@ class ShadowJob:
         self.version = 0             # bumped when the history is rewritten (not on appends)
         self.updated_at = now
         self.tokens_computed = 0     # shadow tokens this job has prefilled (stats)
-        self.page_hashes = None      # kv.PageHashes of token_ids (set by `take`): pages hashed once
+        self.page_hashes = None      # token_ids' kept hash chain (kv hash_chain, set by `take`): pages hashed
+                                     # once, and the cached prefix's page ids it last resolved, revalidated
+                                     # per chunk by a generation check per page instead of a lookup
 
     def shadowable_tokens(self, block_size: int) -> int:
         """Tokens in whole pages: the part of the history a shadow can make resident."""
@@ -231,7 +233,12 @@ def take(queue: ShadowJobQueue, budget, kv, now: float, *, min_switch_prob: floa
     chunk the `budget` (controller.ShadowBudget) allows at the job's cached context, until it is spent.
     `kv`: the instance's KVCacheManager (prefix match and shadow-class pages, references held by the
     chunks until `complete`). `reload_time(tokens)`: seconds to bring a host-tier prefix back (counted in
-    the budget; no reload starts unless the chunk fits beside it)."""
+    the budget; no reload starts unless the chunk fits beside it).
+
+    O(chunk) work per chunk, not O(context): a job keeps its chain between chunks, so its prefix is never
+    re-hashed, and the chain remembers the pages it was found on (generation-checked by the manager), so a
+    64K-token prefix is revalidated without 4,096 hash lookups; only the page list handed to the forward pass
+    and the references on it remain O(context), at a few ns per page in the native KV core."""
     if not budget.open or len(queue) == 0:
         return []
     bs, smallest = queue.block_size, budget.n_min
@@ -270,7 +277,7 @@ def take(queue: ShadowJobQueue, budget, kv, now: float, *, min_switch_prob: floa
             kv.free(match.block_ids, now=now)
             break
         # the job's token list is only appended to (a rewrite replaces it): no O(context) snapshot copy
-        chunks.append(ShadowChunk(job, start, k, list(match.block_ids) + blocks, match.ready_event,
+        chunks.append(ShadowChunk(job, start, k, match.block_ids + blocks, match.ready_event,
                                   match.host_tokens))
         budget.take(k, start, reload)
         if not budget.open:                                                                     # b is spent

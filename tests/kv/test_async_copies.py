@@ -4,11 +4,14 @@ is exactly what the pool sees on CUDA (an event that is not yet complete). Check
 handed out before its event completed; allocations do not over-evict while copies are in flight; a page hit
 while its spill is in flight is served from the device; a page still read by a copy is not freed early;
 reloads return the event the forward must wait on. On a GPU, test_host_tier.py runs the real thing."""
+import pytest
 import torch
 
 from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.host_tier import HostTier
 from shadowprefill.kv.spec import KVCacheSpec
+
+pytestmark = pytest.mark.usefixtures("kv_backend")   # every test on both KV cores (conftest.py)
 
 BS = 2
 SPEC = KVCacheSpec(num_layers=1, num_kv_heads=1, head_dim=2, block_size=BS, dtype=torch.float32)

@@ -9,6 +9,8 @@ from shadowprefill.kv.host_tier import DEFAULT_CAPACITY_BYTES, HostTier
 from shadowprefill.kv.spec import KVCacheSpec
 from shadowprefill.ops import paged_attention, reference
 
+pytestmark = pytest.mark.usefixtures("kv_backend")   # every test on both KV cores (conftest.py)
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

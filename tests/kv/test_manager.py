@@ -8,6 +8,8 @@ from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.host_tier import HostTier
 from shadowprefill.kv.page_hash import page_hashes, pool_salt
 
+pytestmark = pytest.mark.usefixtures("kv_backend")   # every test on both KV cores (conftest.py)
+
 BS = 4
 
 

@@ -136,7 +136,7 @@ def drive(pool, rng_seed, use_chain):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_hashes_argument_changes_no_decision(seed):
+def test_hashes_argument_changes_no_decision(seed, kv_backend):
     def make():
         return KVCacheManager(24, BS, host_tier=HostTier(8, page_bytes=64), page_bytes=64, model_id="m",
                          cold_age_s=1.0)
@@ -147,7 +147,7 @@ def test_hashes_argument_changes_no_decision(seed):
     assert stats["shadow_blocks_promoted"]
 
 
-def test_chain_of_another_list_tenant_or_model_is_rejected():
+def test_chain_of_another_list_tenant_or_model_is_rejected(kv_backend):
     pool = KVCacheManager(8, BS, model_id="m")
     toks = list(range(3 * BS))
     chain = pool.hash_chain(toks, tenant="alice")
@@ -167,7 +167,7 @@ def test_chain_of_another_list_tenant_or_model_is_rejected():
 
 
 def test_lookup_and_commit_share_the_chain_each_page_hashed_once():
-    pool = KVCacheManager(16, BS)
+    pool = KVCacheManager(16, BS, backend="python")   # looks inside the reference's PageHashes
     toks = list(range(5 * BS + 2))
     chain = pool.hash_chain(toks)
     m = pool.match_prefix(toks, now=0, hashes=chain)   # a miss: hashing stops at the first page
@@ -179,10 +179,36 @@ def test_lookup_and_commit_share_the_chain_each_page_hashed_once():
     assert [pool.block_hash(b) for b in ids[:5]] == chain.hashes == reference
     pool.free(ids, now=1)
     chain.hashes[:] = [h + 1 for h in chain.hashes]        # a corrupted chain would now miss: proves reuse
+    chain.pages.clear()                                    # (of the hashes: no resolved pages to trust)
     assert pool.match_prefix(toks, now=2, hashes=chain).num_tokens == 0
     chain.hashes[:] = reference
     m = pool.match_prefix(toks, now=3, hashes=chain)
-    assert m.block_ids == ids[:5] and len(chain) == 5
+    assert m.block_ids == ids[:5] and len(chain) == 5 and chain.pages == ids[:5]
+    pool.free(m.block_ids, now=3)
+
+
+def test_a_kept_chain_revalidates_its_pages_by_generation_without_lookups():
+    pool = KVCacheManager(8, BS, backend="python")      # looks inside the reference's PageHashes
+    toks = list(range(4 * BS))
+    chain = pool.hash_chain(toks)
+    ids = pool.allocate(4, now=0)
+    pool.commit(ids, toks, now=0, hashes=chain)            # the committing manager records the pages
+    assert chain.pages == ids and chain.owner == pool._core.serial
+    pool.free(ids, now=0)
+    reference = list(chain.hashes)
+    chain.hashes[:] = [h + 1 for h in reference]           # corrupted hashes: the kept pages are still used
+    assert pool.match_prefix(toks, now=1, hashes=chain).block_ids == ids
+    pool.free(ids, now=1)
+    assert pool.peek_prefix(toks, hashes=chain) == (4 * BS, 0)
+    chain.hashes[:] = reference
+    other = KVCacheManager(8, BS, backend="python")        # another manager does not trust them
+    assert other.match_prefix(toks, now=1, hashes=chain).num_tokens == 0 and chain.pages == []
+    m = pool.match_prefix(toks, now=2, hashes=chain)       # found by lookup again, recorded again
+    assert m.block_ids == ids and chain.pages == ids
+    pool.free(ids, now=2)
+    pool.allocate(6, now=3)                                # evicts the two tail pages: their generations move
+    m = pool.match_prefix(toks, now=4, hashes=chain)
+    assert m.block_ids == ids[:2] and chain.pages == ids[:2]
 
 
 def test_retarget_keeps_the_shared_pages_and_rehashes_the_rest():
@@ -195,7 +221,7 @@ def test_retarget_keeps_the_shared_pages_and_rehashes_the_rest():
     assert chain.extend_to(10) == 5 and chain.hashes == reference_hashes(new, "m")
 
 
-def test_shadow_job_rewrite_retargets_its_chain():
+def test_shadow_job_rewrite_retargets_its_chain(kv_backend):
     from shadowprefill.shadow.jobs import ShadowJobQueue
     pool = KVCacheManager(16, BS)
     jobs = ShadowJobQueue(BS)
@@ -211,7 +237,7 @@ def test_shadow_job_rewrite_retargets_its_chain():
     assert job.page_hashes.hashes == reference_hashes(job.token_ids, pool_salt("", ""))
 
 
-def test_peek_with_a_kept_chain_matches_a_fresh_peek():
+def test_peek_with_a_kept_chain_matches_a_fresh_peek(kv_backend):
     pool = KVCacheManager(32, BS, host_tier=HostTier(4, page_bytes=64), page_bytes=64)
     history = list(range(6 * BS))
     ids = pool.allocate(6, now=0)
@@ -226,7 +252,7 @@ def test_peek_with_a_kept_chain_matches_a_fresh_peek():
     assert pool.peek_prefix(other, hashes=other_chain) == (0, 0) and len(other_chain) == 1   # stops at a miss
 
 
-def test_a_chain_whose_list_was_rewritten_in_place_is_not_trusted():
+def test_a_chain_whose_list_was_rewritten_in_place_is_not_trusted(kv_backend):
     pool = KVCacheManager(16, BS)
     toks = list(range(3 * BS))
     chain = pool.hash_chain(toks)

@@ -2,7 +2,7 @@
 
 Random sequences of admit (prefix lookup + allocate + write + commit), append, finish (free), memory
 pressure (allocate, scribble, free: evictions and spills), lookups that reload from the host, bad frees and
-time steps. After every step: ref counts equal the owners, no writable page has two owners, every owned page
+time steps, on both KV cores (backend python and native). After every step: ref counts equal the owners, no writable page has two owners, every owned page
 still holds what its owner wrote (no in-use page evicted or overwritten), pages are partitioned into
 free / in use / cached / spilling, shadow pages <= cap, and every cached hash on the device or the host maps to
 bytes equal to what was written for that (tenant, prefix). Page contents are random per (tenant, prefix), so a
@@ -10,10 +10,11 @@ page shared across tenants, or a stale page, fails the byte checks.
 """
 from collections import Counter
 
+import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.host_tier import HostTier
@@ -280,7 +281,7 @@ class AsyncPoolMachine(PoolMachine):
         self.pool.poll(self.now)
 
 
-PoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
-TestPoolMachine = PoolMachine.TestCase
-AsyncPoolMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=60, deadline=None)
-TestAsyncPoolMachine = AsyncPoolMachine.TestCase
+@pytest.mark.parametrize("machine, examples", [(PoolMachine, 60), (AsyncPoolMachine, 40)], ids=["sync", "async"])
+def test_pool_state_machine(kv_backend, machine, examples):
+    run_state_machine_as_test(machine, settings=settings(max_examples=examples, stateful_step_count=60,
+                                                         deadline=None))

@@ -112,3 +112,58 @@ def test_validation():
         q.upsert("s", [1, 2], now=0.0, tenant="t2")
     with pytest.raises(KeyError):
         q.extend("missing", [1], now=0.0)
+
+
+class StubBudget:
+    """A token budget of `tokens` per iteration (the parts of controller.ShadowBudget that `take` reads)."""
+
+    def __init__(self, tokens, n_min=BS):
+        self.left, self.n_min = tokens, n_min
+
+    @property
+    def open(self):
+        return self.left >= self.n_min
+
+    def room(self):
+        return self.left
+
+    def fits(self, context, extra_s=0.0):
+        return self.left
+
+    def read_kv_room(self, block_size):
+        return self.left
+
+    def take(self, tokens, context, extra_s=0.0):
+        self.left -= tokens
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_chunks_reuse_the_jobs_known_prefix_pages(backend):
+    """take/complete keep the job's cached prefix (chain + pages) between chunks: each chunk's pages are the
+    job's remembered pages plus new ones, exactly what a fresh lookup finds, also after an eviction."""
+    from shadowprefill.kv.manager import KVCacheManager
+    from shadowprefill.shadow.jobs import complete, take
+    kv = KVCacheManager(64, BS, backend=backend)
+    rng = random.Random(5)
+    history = [rng.randrange(1000) for _ in range(40 * BS)]
+    pre = kv.allocate(8, now=0.0)
+    kv.commit(pre, history, now=0.0)
+    kv.free(pre, now=0.0)
+    jobs = ShadowJobQueue(BS)
+    job = jobs.upsert("s", history, now=0.0)
+    now = 1.0
+    for round_ in range(4):
+        if round_ == 2:
+            evicting = kv.allocate(kv.num_free_blocks + 2, now=now)     # evicts two of the job's shadow pages
+            assert kv.stats.shadow_evictions == 2
+            kv.free(evicting, now=now)
+        chunks = take(jobs, StubBudget(4 * BS), kv, now)
+        assert len(chunks) == 1
+        c = chunks[0]
+        assert c.start == (8 + 4 * round_ - (2 if round_ >= 2 else 0)) * BS
+        fresh = kv.match_prefix(history, now=now, tenant="", shadow=True, max_tokens=c.start)   # no chain
+        assert fresh.block_ids == c.block_ids[:c.start // BS] and fresh.num_tokens == c.start
+        kv.free(fresh.block_ids, now=now)
+        assert complete(jobs, chunks, kv, now) == 4 * BS
+        assert job.page_hashes.pages == c.block_ids and len(job.page_hashes.pages) * BS == job.num_cached
+        now += 1.0
