@@ -51,9 +51,9 @@ class EngineConfig:
     controller; the default), "harvest" (fixed credit on busy iterations), "eager" (shadow jobs as
     normal-priority requests), "none" (No Shadow: `add_shadow` is ignored). `beta`: idle/iteration cap as a fraction of the TPOT SLO; `delta`: credit rate (None: the
     mode's default); `margin`: SLO margin m of Eq. 1; `n_min`: smallest shadow chunk;
-    `idle_cap_s`: overrides β·T as the cap of shadow-only iterations; `shadow_min_switch_prob`: jobs
-    below this switch probability are not run (the paper's Predictive gate is 0.25);
-    `default_switch_prob`: a job's probability when the caller gives none.
+    `idle_cap_s`: overrides β·T as the cap of shadow-only iterations; `default_switch_prob`: a job's
+    probability when the caller gives none (the Predictive gate is the orchestration core's:
+    `cluster.ClusterManager(min_switch_prob=...)`).
 
     SLOs: `ttft_slo_s` / `tpot_slo_s` fix the per-request SLOs; None applies the paper's rule (§5.1)
     TTFT <= max(`min_ttft_slo_s`, 5 x isolated prefill), TPOT <= max(`min_tpot_slo_s`, 5 x batch-1
@@ -75,7 +75,6 @@ class EngineConfig:
     host_tier_gib: float = 0.0
     page_bytes: int = 0
     idle_cap_s: float | None = None
-    shadow_min_switch_prob: float = 0.0
     default_switch_prob: float = 0.5
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
@@ -105,7 +104,6 @@ class EngineConfig:
         _check_number("host_tier_gib", self.host_tier_gib)
         _check_int("page_bytes", self.page_bytes, 0)
         _check_number("idle_cap_s", self.idle_cap_s, allow_none=True)
-        _check_number("shadow_min_switch_prob", self.shadow_min_switch_prob, maximum=1.0)
         _check_number("default_switch_prob", self.default_switch_prob, maximum=1.0)
         _check_number("ttft_slo_s", self.ttft_slo_s, allow_none=True)
         _check_number("tpot_slo_s", self.tpot_slo_s, allow_none=True)

@@ -285,7 +285,7 @@ class LLMEngine:
         if self.scheduler.has_unfinished():
             return True
         return (self.policy.runs_jobs and self.clock.now() >= self._shadow_retry_at
-                and self.jobs.has_runnable(self.config.n_min, self.config.shadow_min_switch_prob))
+                and self.jobs.has_runnable(self.config.n_min))
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration on the engine's clock; outputs of requests that got a token or finished."""
@@ -304,7 +304,7 @@ class LLMEngine:
         if self.policy.runs_jobs:
             budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)))
             if len(self.jobs):
-                chunks = take(self.jobs, budget, self.kv, now, min_switch_prob=self.config.shadow_min_switch_prob,
+                chunks = take(self.jobs, budget, self.kv, now,
                               reload_time=self._reload_time)
                 if chunks:
                     batch.shadow_chunks = chunks

@@ -180,19 +180,16 @@ class ShadowJobQueue:
             self._order = sorted(self._jobs.values(), key=lambda j: (-j.switch_prob, j.seq))
         return self._order
 
-    def runnable(self, n_min: int, min_switch_prob: float = 0.0) -> Iterator[ShadowJob]:
-        """Jobs with at least `n_min` pending whole-page tokens (smaller chunks are deferred) and a
-        switch probability of at least `min_switch_prob` (the Predictive gate), in order."""
+    def runnable(self, n_min: int) -> Iterator[ShadowJob]:
+        """Jobs with at least `n_min` pending whole-page tokens (smaller chunks are deferred), in order."""
         bs = self.block_size
         need = max(n_min, 1)
         for job in self.ordered():
-            if job.switch_prob < min_switch_prob:
-                break
             if job.pending_tokens(bs) >= need:
                 yield job
 
-    def has_runnable(self, n_min: int, min_switch_prob: float = 0.0) -> bool:
-        return next(self.runnable(n_min, min_switch_prob), None) is not None
+    def has_runnable(self, n_min: int) -> bool:
+        return next(self.runnable(n_min), None) is not None
 
     def pending_tokens(self) -> int:
         """Whole-page tokens not yet cached, over all jobs."""
@@ -227,8 +224,7 @@ class ShadowChunk:
         return f"ShadowChunk({self.job.session_id!r}, [{self.start}, {self.start + self.num_new}))"
 
 
-def take(queue: ShadowJobQueue, budget, kv, now: float, *, min_switch_prob: float = 0.0,
-         reload_time=None) -> list[ShadowChunk]:
+def take(queue: ShadowJobQueue, budget, kv, now: float, *, reload_time=None) -> list[ShadowChunk]:
     """Algorithm 1 line 15: chunks from `queue`'s jobs by switch probability, each the largest whole-page
     chunk the `budget` (controller.ShadowBudget) allows at the job's cached context, until it is spent.
     `kv`: the instance's KVCacheManager (prefix match and shadow-class pages, references held by the
@@ -244,7 +240,7 @@ def take(queue: ShadowJobQueue, budget, kv, now: float, *, min_switch_prob: floa
     bs, smallest = queue.block_size, budget.n_min
     host_aware = reload_time is not None and kv.has_host_tier
     chunks: list[ShadowChunk] = []
-    for job in queue.runnable(budget.n_min, min_switch_prob):
+    for job in queue.runnable(budget.n_min):
         if budget.room() < smallest:
             break
         # upper bound from the job's belief first: no prefix lookup for a job that cannot fit

@@ -57,7 +57,7 @@ class CapacityProbe:
 # EngineConfig fields that do not act in a capacity probe (one instance, No Shadow, no host tier) or that
 # build_instance sets itself; every other engine field is part of the query (and of its fingerprint)
 NOT_IN_PROBE = frozenset({"num_blocks", "page_bytes", "model_id", "shadow_mode", "beta", "delta", "margin", "n_min",
-                          "shadow_fraction", "cold_age_s", "host_tier_gib", "idle_cap_s", "shadow_min_switch_prob",
+                          "shadow_fraction", "cold_age_s", "host_tier_gib", "idle_cap_s",
                           "default_switch_prob"})
 
 

@@ -169,7 +169,7 @@ def build_instance(model: str, index: int, config: SimConfig, policy: Policy, cl
     elif role == "prefill":
         idle_cap = PD_SHADOW_ITERATION_S
     ecfg = replace(config.engine, num_blocks=num_blocks, shadow_mode=mode, host_tier_gib=host_gib,
-                   page_bytes=page_bytes, idle_cap_s=idle_cap, shadow_min_switch_prob=policy.min_switch_prob,
+                   page_bytes=page_bytes, idle_cap_s=idle_cap,
                    model_id=model)
     engine = LLMEngine(SimulatedExecutor(sim_lm, filler_token=FILLER_TOKEN), ecfg, clock=clock, latency_model=lm)
     name = f"{model}/{ {'dedicated': 'x', 'prefill': 'p', 'decode': 'd'}.get(role, '')}{index}"

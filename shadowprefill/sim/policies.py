@@ -38,7 +38,7 @@ class Policy:
     name: str
     shadow_mode: str                   # EngineConfig.shadow_mode of the serving instances (said explicitly)
     host_tier: bool = False
-    min_switch_prob: float = 0.0       # Predictive gate (EngineConfig.shadow_min_switch_prob)
+    min_switch_prob: float = 0.0       # Predictive gate (the orchestration core's min_switch_prob)
     dedicated: bool = False            # one extra shadow instance per model
     oracle: bool = False               # switch call's prefix cached for free
     description: str = ""

@@ -38,9 +38,9 @@ def t_hat(prefill, decode_contexts):
 class Harness:
     """The controller with a job queue and a KV cache manager, driven the way the engine drives them."""
 
-    def __init__(self, ctl, kv, jobs, min_switch_prob=0.0, reload_time=None):
+    def __init__(self, ctl, kv, jobs, reload_time=None):
         self.ctl, self.kv, self.jobs = ctl, kv, jobs
-        self.min_switch_prob, self.reload_time = min_switch_prob, reload_time
+        self.reload_time = reload_time
         self.last_reload_tokens = 0
 
     def __getattr__(self, name):          # credit, delta, cap, branch_counts, tpot_slo ...
@@ -65,7 +65,7 @@ class Harness:
         return self.ctl.min_slack(self.view(b))
 
     def plan(self, b, now):
-        chunks = take(self.jobs, self.ctl.plan(self.view(b)), self.kv, now, min_switch_prob=self.min_switch_prob,
+        chunks = take(self.jobs, self.ctl.plan(self.view(b)), self.kv, now,
                       reload_time=self.reload_time)
         b.reload_tokens += sum(c.host_tokens for c in chunks)
         return chunks
@@ -86,11 +86,11 @@ def controller(mode="harvest-slo", n_min=64, token_budget=2048, idle_cap_s=None,
 
 
 def make(mode="harvest-slo", num_blocks=1024, n_min=64, token_budget=2048, idle_cap_s=None, shadow_fraction=0.25,
-         max_seqs=256, min_switch_prob=0.0):
+         max_seqs=256):
     kv = KVCacheManager(num_blocks, BS, shadow_fraction=shadow_fraction)
     jobs = ShadowJobQueue(BS)
     ctl = controller(mode, n_min, token_budget, idle_cap_s, max_seqs)
-    return Harness(ctl, kv, jobs, min_switch_prob), kv, jobs
+    return Harness(ctl, kv, jobs), kv, jobs
 
 
 def tokens(n, salt=0):
@@ -306,12 +306,6 @@ def test_jobs_taken_by_switch_probability():
     # the second job gets what is left of the budget after the first chunk
     base = W[0] + W[1] * 160 + W[2] * 160 * 160
     assert chunks[1].num_new == hand_tokens(0.5 * T, base=base, cached=0, pending=4096, room=2048 - 160, n_min=16)
-
-
-def test_predictive_gate():
-    ctl, pool, jobs = make(n_min=16, min_switch_prob=0.25)
-    jobs.upsert("low", tokens(512), now=0.0, switch_prob=0.2)
-    assert ctl.plan(batch_of(1.0), 1.0) == []
 
 
 def test_complete_registers_shadow_pages_and_advances_job():

@@ -61,7 +61,7 @@ def test_order_by_switch_probability_then_age():
     assert [j.session_id for j in q.ordered()] == ["a", "c", "b", "d"]
     q.remove("c")
     assert [j.session_id for j in q.ordered()] == ["a", "b", "d"]
-    assert [j.session_id for j in q.runnable(0, min_switch_prob=0.6)] == ["a"]
+    assert [j.session_id for j in q.runnable(0)] == ["a", "b", "d"]
 
 
 def test_runnable_defers_jobs_below_n_min():

@@ -68,7 +68,7 @@ def test_each_policy_configures_the_cluster(name):
         if host:       # 32 GB of DRAM per GPU
             assert inst.engine.kv.host_tier.num_pages * ecfg.page_bytes == pytest.approx(32e9 * inst.gpus,
                                                                                           rel=1e-3)
-        assert ecfg.shadow_min_switch_prob == gate
+        assert sim.manager.targets.min_switch_prob == gate
     assert sim.manager.oracle == oracle
     r = sim.run()
     assert len(r.calls) == 12 and r.sessions_unfinished == 0
