@@ -121,8 +121,9 @@ class LLMEngine:
                                  shadow_fraction=config.shadow_fraction, cold_age_s=config.cold_age_s,
                                  model_id=config.model_id)
         self.predictor = IterationPredictor(latency_model, forgetting=config.predictor_forgetting)
+        self.latency_model = latency_model        # one model: t̂'s seed, host reloads (Alg. 1), placement estimates
         self._reload_time = getattr(latency_model, "reload_time", None)
-        self._host_transfer = getattr(getattr(self.executor, "latency_model", None), "host_transfer_time", None)
+        self._host_transfer = getattr(latency_model, "host_transfer_time", None)
         tpot = config.tpot_slo_s if config.tpot_slo_s is not None else default_tpot_slo(
             self.predictor, minimum=config.min_tpot_slo_s, factor=config.slo_factor)
         self.controller = ShadowController(config.shadow_mode, self.predictor, tpot_slo=tpot,

@@ -220,9 +220,13 @@ class LatencyModel:
     """
 
     def __init__(self, arch: Any, gpu: "str | GPUSpec" = "h100", tp: int | None = None,
-                 cal: Calibration = H100, activation_reserve_bytes: float = 2e9) -> None:
+                 cal: Calibration = H100, activation_reserve_bytes: float = 2e9,
+                 pcie_bw: float | None = None) -> None:
         self.arch = _arch(arch)
         self.gpu = get_gpu(gpu)
+        self.pcie_bw = self.gpu.pcie_bw if pcie_bw is None else float(pcie_bw)
+        if not self.pcie_bw > 0:
+            raise ValueError(f"pcie_bw must be > 0, got {pcie_bw!r}")
         if not isinstance(cal, Calibration):
             raise TypeError(f"cal must be a Calibration, got {type(cal).__name__}")
         self.cal = cal
@@ -401,8 +405,14 @@ class LatencyModel:
         return max(0, int(free // self.kv_bytes_per_token_per_gpu))
 
     def host_transfer_time(self, tokens: int) -> float:
-        """Seconds to move `tokens` of KV between HBM and host memory (each GPU over its own PCIe link)."""
-        return tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw
+        """Seconds to move `tokens` of KV between HBM and host memory (each GPU over its own PCIe link at
+        `pcie_bw`, the GPU's practical rate unless overridden)."""
+        return tokens * self.kv_bytes_per_token_per_gpu / self.pcie_bw
+
+    def reload_time(self, num_tokens: int) -> float:
+        """Seconds a batch waits for `num_tokens` of host-tier KV to come back before it can run (the
+        executor adds it to the iteration; the shadow controller counts it in its budget)."""
+        return num_tokens * self.kv_bytes_per_token_per_gpu / self.pcie_bw
 
     def energy_j(self, busy_s: float, idle_s: float = 0.0) -> float:
         """Energy proxy of the instance's `tp` GPUs from busy and idle time."""

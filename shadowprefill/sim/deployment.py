@@ -1,6 +1,6 @@
-"""The simulated deployment: run parameters (`SimConfig`), the latency model as the executor sees it,
-instance construction (an `LLMEngine` + `SimulatedExecutor` sized from the latency model, configured by a
-Table 2 policy and the instance's role), and normal-traffic sources.
+"""The simulated deployment: run parameters (`SimConfig`), instance construction (an `LLMEngine` +
+`SimulatedExecutor` over the model's roofline `LatencyModel`, sized from it, configured by a Table 2 policy
+and the instance's role), and normal-traffic sources.
 
 KV pool per instance: the HBM left after weights and an activation reserve (`LatencyModel.max_kv_tokens`),
 in pages of `block_size` tokens; host tier (host-tier policies): `host_gb_per_gpu` x GPUs of DRAM, reloaded
@@ -86,25 +86,6 @@ class SimConfig:
         return asdict(self)
 
 
-class SimLatency:
-    """The latency model as the SimulatedExecutor sees it: iteration time, plus host-tier reload time
-    (tokens x KV bytes per token per GPU / PCIe bandwidth, each GPU over its own link)."""
-
-    def __init__(self, model: LatencyModel, pcie_bw: float | None = None) -> None:
-        self.model = model
-        self.iteration_time = model.iteration_time
-        bw = model.gpu.pcie_bw if pcie_bw is None else float(pcie_bw)
-        if not bw > 0:
-            raise ValueError(f"pcie_bw must be > 0, got {pcie_bw}")
-        self._reload_s_per_token = model.kv_bytes_per_token_per_gpu / bw
-
-    def reload_time(self, num_tokens: int) -> float:
-        return num_tokens * self._reload_s_per_token
-
-    def host_transfer_time(self, num_tokens: int) -> float:
-        return num_tokens * self._reload_s_per_token
-
-
 FILLER_TOKEN = 1   # the output token of requests that replay no recorded output (normal traffic)
 
 NormalSource = Callable[[str, int, float, int], Iterator[tuple]]
@@ -154,8 +135,7 @@ def build_instance(model: str, index: int, config: SimConfig, policy: Policy, cl
     cache = latency_cache if latency_cache is not None else {}
     lm = cache.get(model)
     if lm is None:
-        lm = cache[model] = LatencyModel(model, config.gpu, tp=config.tp.get(model))
-    sim_lm = SimLatency(lm, config.pcie_bw)
+        lm = cache[model] = LatencyModel(model, config.gpu, tp=config.tp.get(model), pcie_bw=config.pcie_bw)
     bs = config.engine.block_size
     num_blocks = max(1, lm.max_kv_tokens(config.hbm_fraction) // bs)
     page_bytes = int(round(lm.kv_bytes_per_token * bs))
@@ -171,6 +151,6 @@ def build_instance(model: str, index: int, config: SimConfig, policy: Policy, cl
     ecfg = replace(config.engine, num_blocks=num_blocks, shadow_mode=mode, host_tier_gib=host_gib,
                    page_bytes=page_bytes, idle_cap_s=idle_cap,
                    model_id=model)
-    engine = LLMEngine(SimulatedExecutor(sim_lm, filler_token=FILLER_TOKEN), ecfg, clock=clock, latency_model=lm)
+    engine = LLMEngine(SimulatedExecutor(lm, filler_token=FILLER_TOKEN), ecfg, clock=clock)
     name = f"{model}/{ {'dedicated': 'x', 'prefill': 'p', 'decode': 'd'}.get(role, '')}{index}"
-    return Instance(name, model, index, engine, sim_lm, role=role, gpus=lm.tp)
+    return Instance(name, model, index, engine, lm, role=role, gpus=lm.tp)

@@ -368,7 +368,7 @@ def test_engine_takes_default_slos_from_the_rule():
 
 # ------------------------------------------------------------------------ host reloads count in t̂
 class ReloadingLatency(LinearLatency):
-    """LinearLatency plus a host-tier reload cost per token (the simulator's SimLatency has the same hook)."""
+    """LinearLatency plus a host-tier reload cost per token (model.latency.LatencyModel has the same hook)."""
 
     def __init__(self, seconds_per_token):
         self.seconds_per_token = seconds_per_token
