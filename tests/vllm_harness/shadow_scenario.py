@@ -6,8 +6,11 @@
 `itl`: a steady stream of streaming normal requests (priority 1, so decodes always run) for a baseline
 window without shadows, then the same stream with a burst of long shadow requests (priority 1000,
 `max_tokens` 1); after each shadow finishes, its switch call (the shadow's prompt + 32 new tokens, priority
-0 = routed, streaming with usage) records TTFT and `cached_tokens`. Inter-token latencies of the normal
-requests are taken over the window in which shadows are pending, and over an equally long baseline window.
+0 = routed, streaming with usage) records TTFT and `cached_tokens`. Inter-token latencies are taken over the
+window in which shadows are pending and over a baseline window, twice: from vLLM's engine-side histogram
+(`vllm:inter_token_latency_seconds`, quantiles interpolated within buckets; every decoding request in the
+window, i.e. the stream plus a few switch and comparison calls) and from the client's token arrival times
+(what a user sees, including API-server lag).
 Finally a fixed list of normal prompts is run one at a time (greedy) while shadows are pending, for an
 output comparison between servers.
 
@@ -95,6 +98,40 @@ async def _stream_loop(client, model, rng, stop: asyncio.Event, records: list, p
         records.append(await stream_completion(client, model, ids(rng, prompt_len), max_tokens, NORMAL_PRIORITY))
 
 
+ITL_BUCKET = re.compile(r'^vllm:inter_token_latency_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} (\S+)$', re.M)
+
+
+async def itl_histogram(client: httpx.AsyncClient) -> dict[float, float]:
+    """vLLM's engine-side inter-token latency histogram (cumulative counts by upper bound). vLLM computes
+    each gap from the EngineCore's output timestamps, so API-server lag (tokens reaching the client in
+    bursts on a busy CPU) does not enter it."""
+    text = (await client.get("/metrics")).text
+    return {float(le): float(n) for le, n in ITL_BUCKET.findall(text)}
+
+
+def hist_quantile(before: dict, after: dict, q: float) -> float | None:
+    """Quantile q (0-1) of the gaps recorded between two snapshots, interpolated linearly within a bucket
+    (Prometheus' histogram_quantile); None if no gap was recorded."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank, lo, prev = q * total, 0.0, 0.0
+    for b, c in zip(bounds, counts):
+        if c >= rank:
+            if b == float("inf"):
+                return lo
+            return lo + (b - lo) * ((rank - prev) / (c - prev) if c > prev else 1.0)
+        lo, prev = b, c
+    return lo
+
+
+def hist_summary(before: dict, after: dict) -> dict:
+    n = (after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0))
+    return {"n": int(n), "p50": hist_quantile(before, after, 0.5), "p99": hist_quantile(before, after, 0.99)}
+
+
 def gaps_in(records: list[dict], start: float, end: float) -> list[float]:
     """Inter-token gaps of streamed requests whose later token arrived in [start, end]."""
     out = []
@@ -114,9 +151,9 @@ async def itl_scenario(url: str, model: str, *, shadows: int = 3, shadow_len: in
         loops = [asyncio.create_task(_stream_loop(client, model, random.Random(seed * 100 + i), stop, records,
                                                   prompt_len, max_tokens)) for i in range(streams)]
         await asyncio.sleep(1.0)
-        b0 = time.perf_counter()
+        b0, h_b0 = time.perf_counter(), await itl_histogram(client)
         await asyncio.sleep(baseline_s)
-        b1 = time.perf_counter()
+        b1, h_b1 = time.perf_counter(), await itl_histogram(client)
         shadow_prompts = [ids(rng, shadow_len) for _ in range(shadows)]
         switches: list[dict] = []
 
@@ -129,7 +166,7 @@ async def itl_scenario(url: str, model: str, *, shadows: int = 3, shadow_len: in
                              "ttft_s": sw["times"][0] - sw["t0"] if sw["times"] else None})
             return done
 
-        s0 = time.perf_counter()
+        s0, h_s0 = time.perf_counter(), await itl_histogram(client)
         tasks = [asyncio.create_task(shadow_then_switch(p)) for p in shadow_prompts]
         # greedy outputs of fixed prompts, one at a time, while shadows are pending
         cmp_rng = random.Random(seed + 7)
@@ -140,6 +177,7 @@ async def itl_scenario(url: str, model: str, *, shadows: int = 3, shadow_len: in
         # idles and the shadows finish in idle steps)
         finished, _ = await asyncio.wait(tasks, timeout=max(0.0, s0 + max_stream_s - time.perf_counter()))
         s1 = time.perf_counter() if len(finished) < len(tasks) else max(t.result()["t1"] for t in tasks)
+        h_s1 = await itl_histogram(client)
         await asyncio.sleep(0.5)
         stop.set()
         await asyncio.gather(*loops)
@@ -148,10 +186,11 @@ async def itl_scenario(url: str, model: str, *, shadows: int = 3, shadow_len: in
     return {
         "model": model, "shadows": shadows, "shadow_len": shadow_len, "streams": streams,
         "baseline_window_s": b1 - b0, "shadow_window_s": s1 - s0,
-        "itl_baseline": {"n": len(base), "p50": percentile(base, 50), "p99": percentile(base, 99),
-                         "max": max(base, default=None)},
-        "itl_shadow": {"n": len(during), "p50": percentile(during, 50), "p99": percentile(during, 99),
-                       "max": max(during, default=None)},
+        "itl_baseline": hist_summary(h_b0, h_b1), "itl_shadow": hist_summary(h_s0, h_s1),
+        "client_itl_baseline": {"n": len(base), "p50": percentile(base, 50), "p99": percentile(base, 99),
+                                "max": max(base, default=None)},
+        "client_itl_shadow": {"n": len(during), "p50": percentile(during, 50), "p99": percentile(during, 99),
+                              "max": max(during, default=None)},
         "shadows_done_while_streaming": len(finished), "shadows_end_s": max(d["t1"] for d in done) - s0,
         "switches": switches, "compare_outputs": compare, "block_size": block_size,
         "window": {"baseline": [b0, b1], "shadow": [s0, s1]},

@@ -418,14 +418,15 @@ class ShadowScheduler(Scheduler):
                 self._first_token[rid] = wall
         prefill = [(n, v.num_computed_tokens) for _, v, n in step.prefills] + step.shadow_chunks
         decode_ctx = [v.num_computed_tokens + 1 for _, v in step.decodes]
-        predicted = self.predictor.predict(prefill, decode_ctx)
+        predicted = self.predictor.predict(prefill, decode_ctx)         # t̂ as the budget saw it (before refit)
+        shadow_s = sum(self.predictor.chunk_time(n, c) for n, c in step.shadow_chunks)
         self.predictor.observe(prefill, decode_ctx, duration)
         busy = bool(step.decodes or step.prefills)
         self.controller.end_iteration(duration, busy=busy,
                                       decode_only=busy and not step.prefills and not step.shadow_chunks)
         if not self._slo_fixed:
             self._update_slo(fix=self.predictor.num_observations >= self.shadow_config.warmup_steps)
-        self._record(step, duration, predicted)
+        self._record(step, duration, predicted, shadow_s)
         return outputs
 
     def _update_slo(self, fix: bool) -> None:
@@ -438,7 +439,7 @@ class ShadowScheduler(Scheduler):
             logger.info("ShadowScheduler: TPOT SLO %.1f ms from %d measured steps (beta*T = %.1f ms)", slo * 1e3,
                         self.predictor.num_observations, ctl.cap * 1e3)
 
-    def _record(self, step: _Step, duration: float, predicted: float) -> None:
+    def _record(self, step: _Step, duration: float, predicted: float, shadow_s: float) -> None:
         self._step_no += 1
         if self._step_no % 1024 == 0:
             self._kv.prune()
@@ -454,7 +455,7 @@ class ShadowScheduler(Scheduler):
         b, kv = step.budget, self._kv
         self._stats.write({
             "step": self._step_no, "t": round(step.wall, 6), "duration_s": round(duration, 6),
-            "predicted_s": round(predicted, 6), "branch": b.branch, "budget_s": round(b.seconds, 6),
+            "predicted_s": predicted, "shadow_s": shadow_s, "branch": b.branch, "budget_s": b.seconds,
             "budget_tokens": step.allowance, "shadow_tokens": shadow_tokens, "shadow_chunks": len(step.shadow_chunks),
             "shadow_blocks": kv.count(), "shadow_cap_blocks": kv.cap, "num_blocks": self.kv_cache_config.num_blocks,
             "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),

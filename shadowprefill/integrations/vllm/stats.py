@@ -1,7 +1,8 @@
 """Per-step statistics of the vLLM shadow scheduler: one JSON object per line (`stats_path`).
 
 Each line describes one executed scheduler step: `step`, `t` (wall-clock seconds when it was scheduled),
-`duration_s` (schedule to end of output processing), `predicted_s` (t̂ of the batch), `branch` (Algorithm 1:
+`duration_s` (schedule to end of output processing), `predicted_s` (t̂ of the batch, shadow chunks included,
+as the budget saw it), `shadow_s` (the part of it the shadow chunks add), `branch` (Algorithm 1:
 blocked / idle / credit / slo), `budget_s` (b), `budget_tokens` (the most shadow tokens the step allowed),
 `shadow_tokens`, `shadow_chunks`, `shadow_blocks` (held or cached by shadow work), `shadow_cap_blocks`,
 `num_blocks`, `free_blocks`, `waiting` (non-shadow requests waiting), `running`, `decodes`, `prefill_tokens`
