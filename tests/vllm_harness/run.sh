@@ -81,6 +81,7 @@ write_peers "$P_SMALL" "$P_LARGE"
 "$PY" tests/vllm_harness/shadow_scenario.py itl --url "http://127.0.0.1:$P_LARGE" --model large --out "$WORK/stock-itl.json"
 "$PY" tests/vllm_harness/shadow_scenario.py evict --url "http://127.0.0.1:$P_PRESSURE" --model small --out "$WORK/stock-evict.json"
 "$PY" tests/vllm_harness/shadow_scenario.py yield --url "http://127.0.0.1:$P_PRESSURE" --model small --out "$WORK/stock-yield.json"
+kill -9 -- "-${PIDS[2]}" 2>/dev/null || true            # pressure is done: two servers for the rest (2 cores)
 # the replay table first (it needs both servers alive; the suite's last test kills "large")
 SP_SERVE_PEERS="$WORK/peers.json" "$PY" tests/vllm_harness/measure.py --out "$WORK/measure-vllm.json"
 manager_suite
@@ -116,6 +117,7 @@ cat > "$WORK/shadow-peers.json" <<JSON
 JSON
 SP_SHADOW_PEERS="$WORK/shadow-peers.json" SP_SHADOW_REPORT="$WORK/shadow-report.json" \
   "$PY" -m pytest -q tests/vllm_harness/suite_shadow_scheduler.py
+kill -9 -- "-${PIDS[2]}" 2>/dev/null || true
 SP_SERVE_PEERS="$WORK/peers.json" "$PY" tests/vllm_harness/measure.py --out "$WORK/measure-vllm-shadow-scheduler.json"
 manager_suite
 "$PY" tests/vllm_harness/shadow_table.py "$WORK/shadow-report.json"

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 SHADOW_PRIORITY, NORMAL_PRIORITY, ROUTED_PRIORITY = 1000, 1, 0
+TIMEOUT_S = 180.0            # any one request (a stuck shadow fails the scenario instead of hanging CI)
 VOCAB = (10, 500)            # token ids inside the harness models' vocabulary
 
 
@@ -145,7 +146,7 @@ async def itl_scenario(url: str, model: str, *, shadows: int = 3, shadow_len: in
                        prompt_len: int = 64, max_tokens: int = 48, baseline_s: float = 6.0, seed: int = 0,
                        block_size: int = 32, compare_prompts: int = 4, max_stream_s: float = 30.0) -> dict:
     rng = random.Random(seed)
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
         await completion(client, model, ids(rng, 16), 2, NORMAL_PRIORITY)             # warm the path
         stop, records = asyncio.Event(), []
         loops = [asyncio.create_task(_stream_loop(client, model, random.Random(seed * 100 + i), stop, records,
@@ -209,7 +210,7 @@ async def num_gpu_blocks(client: httpx.AsyncClient) -> int:
 async def evict_scenario(url: str, model: str, *, blocks_a: int = 16, evict: int = 8, block_size: int = 32,
                          seed: int = 1) -> dict:
     rng = random.Random(seed)
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
         total = await num_gpu_blocks(client)
         usable = total - 1                              # vLLM's block 0 is its null block
         a, s = ids(rng, blocks_a * block_size + 1), ids(rng, blocks_a * block_size + 1)
@@ -232,7 +233,7 @@ async def yield_scenario(url: str, model: str, *, shadow_blocks: int = 17, shado
     vLLM admits waiting requests only into free memory (no preemption for them), so on stock vLLM the normal
     request waits for the shadow; ShadowScheduler preempts the shadow for it."""
     rng = random.Random(seed)
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
         total = await num_gpu_blocks(client)
         need = (await client.get("/v1/models")).json()["data"][0]["max_model_len"] // block_size
         if need <= total - 1 - shadow_blocks - 1:

@@ -17,7 +17,8 @@ The variable holds a JSON object, or the path of a file holding one:
 | n_min           | 256            | smallest shadow chunk (Alg. 1 line 12)                                    |
 | shadow_fraction | 0.25           | cap on shadow KV, a fraction of vLLM's KV blocks (§3.3)                   |
 | cold_age_s      | 5.0            | a shadow chunk may take only free blocks or cached blocks idle this long  |
-| warmup_steps    | 16             | measured steps before the SLO is fixed and chunks may exceed n_min        |
+| warmup_steps    | 16             | measured steps (half of them decode-only when T comes from the rule)      |
+|                 |                | before T is fixed and t̂ trusted; until then n_min probes on idle steps    |
 | stats_path      | none           | one JSON line per scheduler step (and /metrics counters, see metrics.py)  |
 
 A bad key or value raises `ValueError` naming it; vLLM then stops at start-up. This module imports nothing

@@ -35,6 +35,7 @@ from shadowprefill.shadow.view import IterationView
 logger = logging.getLogger("vllm.shadowprefill")  # under vLLM's configured logger
 
 _IDLE_SLEEP_S = 0.002          # an engine step that scheduled nothing while shadows wait (vLLM then loops)
+_LIVENESS_S = 1.0              # an idle instance whose t̂ rejects every chunk still probes this often
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
@@ -90,6 +91,8 @@ class ShadowScheduler(Scheduler):
                                            max_seqs=self.max_num_running_reqs, beta=cfg.beta, delta=cfg.delta,
                                            margin=cfg.margin, n_min=cfg.n_min)
         self._slo_fixed = cfg.tpot_slo_s is not None or cfg.warmup_steps == 0
+        self._decode_steps = 0                          # measured decode-only steps (identify t̂'s decode part)
+        self._last_progress = time.monotonic()          # last step with shadow tokens
         self._shadows: dict[str, object] = {}           # live shadow requests by id
         self._first_token: dict[str, float] = {}        # f_r of non-shadow requests (wall clock)
         self._ttft_slo: dict[str, float] = {}           # F_r by request (paper's rule, fixed on first sight)
@@ -280,9 +283,12 @@ class ShadowScheduler(Scheduler):
         step.output, step.wall, step.shadow_chunks = out, wall, []
         budget = self.controller.plan(self._view_of(out, wall, step, {r.request_id for r in hidden}))
         step.budget = budget
-        step.warm = self.predictor.num_observations >= self.shadow_config.warmup_steps
+        step.warm = self._slo_fixed and self.predictor.num_observations >= self.shadow_config.warmup_steps
         if step.warm:
             allowance = budget.fresh_tokens
+            if budget.branch == "idle" and allowance < budget.n_min and self._shadows \
+                    and time.monotonic() - self._last_progress >= _LIVENESS_S:
+                step.warm, allowance = False, budget.n_min      # t̂ may be stale: one probe refreshes it
         else:                   # t̂ uncalibrated: probe chunks of n_min, on idle steps only (they teach t̂)
             allowance = budget.n_min if budget.branch == "idle" else 0
         if self._pause_state != PauseState.UNPAUSED:
@@ -422,10 +428,14 @@ class ShadowScheduler(Scheduler):
         shadow_s = sum(self.predictor.chunk_time(n, c) for n, c in step.shadow_chunks)
         self.predictor.observe(prefill, decode_ctx, duration)
         busy = bool(step.decodes or step.prefills)
-        self.controller.end_iteration(duration, busy=busy,
-                                      decode_only=busy and not step.prefills and not step.shadow_chunks)
-        if not self._slo_fixed:
-            self._update_slo(fix=self.predictor.num_observations >= self.shadow_config.warmup_steps)
+        decode_only = busy and not step.prefills and not step.shadow_chunks
+        self.controller.end_iteration(duration, busy=busy, decode_only=decode_only)
+        self._decode_steps += decode_only
+        if step.shadow_chunks:
+            self._last_progress = time.monotonic()
+        if not self._slo_fixed:     # the rule needs decode steps: t̂'s decode part is unidentified without them
+            warmup = self.shadow_config.warmup_steps
+            self._update_slo(fix=self.predictor.num_observations >= warmup and self._decode_steps >= warmup // 2)
         self._record(step, duration, predicted, shadow_s)
         return outputs
 
