@@ -256,9 +256,10 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shadows", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0, help="itl: prompts (each run on one server needs its own)")
     args = ap.parse_args()
     if args.scenario == "itl":
-        result = asyncio.run(itl_scenario(args.url, args.model, shadows=args.shadows))
+        result = asyncio.run(itl_scenario(args.url, args.model, shadows=args.shadows, seed=args.seed))
     elif args.scenario == "evict":
         result = asyncio.run(evict_scenario(args.url, args.model))
     else:
