@@ -327,15 +327,17 @@ class ShadowScheduler(Scheduler):
                 hit_blocks = computed.blocks[0]
                 held = len(hit_blocks)
             remaining = r.num_tokens - context
-            k = min(left, budget.read_kv_room(bs) + (held * bs - context))
-            if not probe:
-                k = min(k, budget.fits(context))                # line 10
-            if remaining <= k:
-                n = remaining                                   # last chunk (or a shadow's decode step)
-            else:
-                n = (context + k) // bs * bs - context          # whole blocks
-                if n <= 0 or (n < n_min and not probe):         # line 12
-                    continue
+            if probe:                                           # whole blocks up to n_min, whatever t̂ says
+                k = min(left, budget.read_kv_room(bs) + (held * bs - context))
+                n = remaining if remaining <= k else (context + k) // bs * bs - context
+            else:                                               # lines 10-12 (a last chunk may be < n_min)
+                n = min(budget.max_tokens(context, block_size=bs, remaining=remaining), remaining)
+                if n > left:                                    # the step's shadow tokens (budget_tokens)
+                    n = left - left % bs
+                    if n < n_min and n != remaining:
+                        continue
+            if n <= 0:
+                continue
             need = -(-(context + n) // bs) - held
             exclude = {b.block_id for b in hit_blocks}
             if not self._kv.prepare(need, now, exclude):        # line 11: free / cold blocks within the cap
@@ -443,7 +445,7 @@ class ShadowScheduler(Scheduler):
         """The paper's TPOT rule (max(25 ms, 5 x batch-1 decode)) on the refitted t̂; fixed once warm."""
         slo = default_tpot_slo(self.predictor)
         ctl = self.controller
-        ctl.tpot_slo, ctl.cap = slo, self.shadow_config.beta * slo
+        ctl.set_tpot_slo(slo)
         if fix:
             self._slo_fixed = True
             logger.info("ShadowScheduler: TPOT SLO %.1f ms from %d measured steps (beta*T = %.1f ms)", slo * 1e3,
