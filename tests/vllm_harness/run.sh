@@ -7,7 +7,7 @@
 #      tokenizer (train_tokenizer.py, vLLM venv)
 #   3. stock vLLM: `small`, `large` and `pressure` (small with an 80-block KV pool) on 127.0.0.1, waited for
 #      on /health; the shadow scenarios (shadow_scenario.py: itl on large, evict + yield on pressure), the
-#      replay table (measure.py), the manager suite (its last test kills large)
+#      replay table (measure.py), the manager suite
 #   4. the same three servers with --scheduler-cls ShadowScheduler (SHADOWPREFILL_VLLM per server, per-step
 #      stats files), and one started with a bad SHADOWPREFILL_VLLM (it must exit naming the key); the
 #      ShadowScheduler suite (suite_shadow_scheduler.py), the replay table, the manager suite
@@ -52,7 +52,6 @@ write_peers "$P_SMALL" "$P_LARGE"
 "$PY" tests/vllm_harness/shadow_scenario.py evict --url "http://127.0.0.1:$P_PRESSURE" --model small --out "$WORK/stock-evict.json"
 "$PY" tests/vllm_harness/shadow_scenario.py yield --url "http://127.0.0.1:$P_PRESSURE" --model small --out "$WORK/stock-yield.json"
 kill -9 -- "-${PIDS[2]}" 2>/dev/null || true            # pressure is done: two servers for the rest (2 cores)
-# the replay table first (it needs both servers alive; the suite's last test kills "large")
 SP_SERVE_PEERS="$WORK/peers.json" "$PY" tests/vllm_harness/measure.py --out "$WORK/measure-vllm.json"
 manager_suite
 kill_servers
