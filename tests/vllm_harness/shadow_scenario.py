@@ -52,7 +52,7 @@ def percentile(xs: list[float], q: float) -> float | None:
 async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int,
                             priority: int, on_token: asyncio.Event | None = None) -> dict:
     """One streaming completion: token arrival times, text, usage (with cached tokens). `on_token` is set
-    once two tokens arrived."""
+    once a token arrived."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.0,
             "ignore_eos": True, "priority": priority, "stream_options": {"include_usage": True},
             "return_token_ids": True}
@@ -70,7 +70,7 @@ async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[
                 if n:                   # one time per token (a token may decode to no text of its own)
                     times.extend([time.perf_counter()] * n)
                     text.append(c.get("text") or "")
-                    if on_token is not None and len(times) >= 2:
+                    if on_token is not None:
                         on_token.set()
     return {"t0": t0, "times": times, "text": "".join(text), "usage": usage}
 
@@ -226,27 +226,40 @@ async def evict_scenario(url: str, model: str, *, blocks_a: int = 16, evict: int
             "normal_cached_after": cached_of(again_a["usage"]), "shadow_cached_after": cached_of(again_s["usage"])}
 
 
-async def yield_scenario(url: str, model: str, *, shadow_blocks: int = 17, shadow_decode: int = 300,
-                         block_size: int = 32, seed: int = 2) -> dict:
+async def yield_scenario(url: str, model: str, *, shadow_blocks: int = 17, shadow_decode: int = 600,
+                         block_size: int = 32, seed: int = 2, decoding=None) -> dict:
     """A running shadow (it decodes `shadow_decode` tokens after its prompt, holding its blocks) and then a
     normal request whose prompt needs more blocks than are free without the shadow's: which finishes first?
     vLLM admits waiting requests only into free memory (no preemption for them), so on stock vLLM the normal
-    request waits for the shadow; ShadowScheduler preempts the shadow for it."""
+    request waits for the shadow; ShadowScheduler preempts the shadow for it. The normal request is sent once
+    the shadow decodes: by default when its first token reached the client (the API server may deliver a
+    fast stream late and merged), or when the async predicate `decoding()` says so (the suite reads the
+    scheduler's stats file, which the EngineCore writes as it steps)."""
     rng = random.Random(seed)
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
         total = await num_gpu_blocks(client)
         need = (await client.get("/v1/models")).json()["data"][0]["max_model_len"] // block_size
         if need <= total - 1 - shadow_blocks - 1:
             raise ValueError(f"pool of {total} blocks too large: a {need}-block prompt fits beside the shadow")
-        decoding = asyncio.Event()
+        first = asyncio.Event()
         shadow = asyncio.create_task(stream_completion(client, model, ids(rng, shadow_blocks * block_size),
-                                                       shadow_decode, SHADOW_PRIORITY, on_token=decoding))
-        await asyncio.wait_for(decoding.wait(), 120)   # the shadow decodes: it holds its blocks
+                                                       shadow_decode, SHADOW_PRIORITY, on_token=first))
+        if decoding is None:
+            await asyncio.wait_for(first.wait(), 120)  # the shadow decodes: it holds its blocks
+        else:
+            for _ in range(12000):
+                if await decoding():
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise RuntimeError("the shadow request did not start decoding within 120 s")
+        sent = time.perf_counter()
         normal = await completion(client, model, ids(rng, need * block_size - 1), 1, NORMAL_PRIORITY)
         done = await shadow
     return {"model": model, "num_gpu_blocks": total, "normal_blocks": need, "shadow_blocks": shadow_blocks,
             "normal_done_first": normal["t1"] < done["times"][-1], "normal_s": normal["t1"] - normal["t0"],
-            "shadow_s": done["times"][-1] - done["t0"], "shadow_output_tokens": len(done["times"])}
+            "normal_sent_after_shadow_s": sent - done["t0"], "shadow_s": done["times"][-1] - done["t0"],
+            "shadow_output_tokens": len(done["times"])}
 
 
 def main() -> None:

@@ -80,7 +80,15 @@ def evicted(report):
 @pytest.fixture(scope="module")
 def yielded(report, evicted):
     p = PEERS["plugin"]["pressure"]
-    report["plugin"]["yield"] = result = asyncio.run(yield_scenario(p["url"], p["model"], block_size=BS))
+    path, start = Path(p["stats"]), time.time()
+
+    async def shadow_decodes() -> bool:
+        """The last step the scheduler recorded ran a one-token shadow chunk (a decode) after the start."""
+        lines = path.read_bytes().rstrip().rsplit(b"\n", 1)
+        last = json.loads(lines[-1]) if lines and lines[-1] else {}
+        return last.get("t", 0) > start and last.get("shadow_tokens") == 1 and last.get("prefill_tokens") == 0
+    report["plugin"]["yield"] = result = asyncio.run(yield_scenario(p["url"], p["model"], block_size=BS,
+                                                                    decoding=shadow_decodes))
     return result
 
 
@@ -145,7 +153,7 @@ def test_shadow_blocks_are_evicted_before_normal_ones(evicted, report):
 
 
 def test_waiting_normal_request_preempts_a_running_shadow(yielded, report):
-    assert yielded["normal_done_first"] and yielded["shadow_output_tokens"] == 300
+    assert yielded["normal_done_first"] and yielded["shadow_output_tokens"] == 600
     assert stats("pressure")[-1]["shadow_preempted"] >= 1
     assert not report["stock"]["yield"]["normal_done_first"]        # stock vLLM: the normal request waited
 
