@@ -4,6 +4,7 @@
 # and print one table row per peer and run (the README's measured table). After `make test-vllm` built the
 # venvs and models.     RUNS=3 NICE=-5 bash tests/vllm_harness/itl_runs.sh
 # NICE (optional): the servers' and the client's nice value, for measuring on a machine shared with other jobs.
+# OMP_NUM_THREADS (default 1, as run.sh's latency servers): see run.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
@@ -12,6 +13,7 @@ VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
 WORK="${VLLM_HARNESS_WORK:-$ROOT/.venv-vllm/harness}/itl-runs"
 RUNS="${RUNS:-3}"
 MODEL="${MODEL:-medium}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 mkdir -p "$WORK"
 ln -sfn "$(dirname "$WORK")/models" "$WORK/models"
 rm -f "$WORK"/*.json "$WORK/steps.jsonl"

@@ -47,7 +47,9 @@ P_SMALL=$(free_port); P_LARGE=$(free_port); P_PRESSURE=$(free_port); P_ITL=$(fre
 start_server small small "$P_SMALL" ""
 start_server large large "$P_LARGE" ""
 start_server pressure small "$P_PRESSURE" "" "${PRESSURE_ARGS[@]}"
-start_server itl medium "$P_ITL" ""
+# the latency scenario's servers use one OpenMP thread: with two on 2 shared cores, a step stalls at a barrier
+# for a scheduler quantum whenever another process holds a core (decode steps p90 245 ms, one thread 7.8 ms)
+OMP_NUM_THREADS=1 start_server itl medium "$P_ITL" ""
 wait_ready "$P_SMALL" "$P_LARGE" "$P_PRESSURE" "$P_ITL"
 write_peers "$P_SMALL" "$P_LARGE"
 "$PY" tests/vllm_harness/shadow_scenario.py itl --url "http://127.0.0.1:$P_ITL" --model medium --out "$WORK/stock-itl.json"
@@ -65,7 +67,7 @@ P_SMALL=$(free_port); P_LARGE=$(free_port); P_PRESSURE=$(free_port); P_ITL=$(fre
 start_server plugin-small small "$P_SMALL" "{\"n_min\": 32, \"stats_path\": \"$WORK/steps-small.jsonl\"}" --scheduler-cls "$SCHED"
 start_server plugin-large large "$P_LARGE" "{\"n_min\": 32, \"stats_path\": \"$WORK/steps-large.jsonl\"}" --scheduler-cls "$SCHED"
 start_server plugin-pressure small "$P_PRESSURE" "{\"n_min\": 32, \"shadow_fraction\": 0.5, \"stats_path\": \"$WORK/steps-pressure.jsonl\"}" --scheduler-cls "$SCHED" "${PRESSURE_ARGS[@]}"
-start_server plugin-itl medium "$P_ITL" "{\"n_min\": 32, \"tpot_slo_s\": 0.1, \"stats_path\": \"$WORK/steps-itl.jsonl\"}" --scheduler-cls "$SCHED"
+OMP_NUM_THREADS=1 start_server plugin-itl medium "$P_ITL" "{\"n_min\": 32, \"tpot_slo_s\": 0.1, \"stats_path\": \"$WORK/steps-itl.jsonl\"}" --scheduler-cls "$SCHED"
 # a misspelt key must stop start-up; wait for that server to exit before the others are measured
 SHADOWPREFILL_VLLM='{"tpot_slo": 0.1}' VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=nobind setsid \
   "$VENV/bin/vllm" serve "$WORK/models/small" --host 127.0.0.1 --port "$P_BAD" --enforce-eager --enable-prefix-caching \
