@@ -1,0 +1,483 @@
+"""`ShadowScheduler`: shadow prefill inside vLLM's own iterations (paper §3.2 Algorithm 1, §3.3), no vLLM patch.
+
+    SHADOWPREFILL_VLLM='{"stats_path": "/tmp/steps.jsonl"}' vllm serve MODEL \\
+        --scheduler-cls shadowprefill.integrations.vllm.ShadowScheduler \\
+        --scheduling-policy priority --enable-prefix-caching
+
+One step: vLLM's scheduler runs every non-shadow request exactly as it would alone (running shadows are
+parked for the call, waiting shadows hidden); then this project's `ShadowController` budgets the step
+(Algorithm 1 lines 1-12 on an `IterationView` adapted from vLLM's request state) and shadow requests get
+whole-block chunks, by (priority, arrival), until the budget is spent (line 15). After the step the
+predictor t̂ refits on the measured step time and the controller accrues credit.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.sched.interface import PauseState
+from vllm.v1.core.sched.output import NewRequestData
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.engine import EngineCoreEventType
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.request import RequestStatus
+
+from shadowprefill.integrations.vllm.config import ShadowSchedulerConfig
+from shadowprefill.integrations.vllm.seed import seed_latency_model
+from shadowprefill.integrations.vllm.shadow_kv import ShadowKV
+from shadowprefill.integrations.vllm.stats import StepStatsWriter
+from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
+from shadowprefill.shadow.predictor import IterationPredictor
+from shadowprefill.shadow.view import IterationView
+
+logger = logging.getLogger("vllm.shadowprefill")  # under vLLM's configured logger
+
+_IDLE_SLEEP_S = 0.002          # an engine step that scheduled nothing while shadows wait (vLLM then loops)
+_LIVENESS_S = 1.0              # an idle instance whose t̂ rejects every chunk still probes this often
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+class _ReqView:
+    """One routed/normal request as the controller reads it (`shadow.view.RequestState`)."""
+
+    __slots__ = ("arrival_time", "first_token_time", "num_decode_iters", "num_computed_tokens", "num_remaining",
+                 "ttft_slo", "tpot_slo")
+
+    def __init__(self, arrival, first_token, iters, computed, remaining, ttft_slo, tpot_slo) -> None:
+        self.arrival_time, self.first_token_time, self.num_decode_iters = arrival, first_token, iters
+        self.num_computed_tokens, self.num_remaining = computed, remaining
+        self.ttft_slo, self.tpot_slo = ttft_slo, tpot_slo
+
+
+class _Step:
+    """What one scheduled step held, for the predictor, the credit and the stats line."""
+
+    __slots__ = ("output", "t0", "wall", "decodes", "prefills", "shadow_chunks", "budget", "allowance", "waiting",
+                 "preempted_shadows", "warm")
+
+
+class ShadowScheduler(Scheduler):
+    """vLLM's V1 `Scheduler` (`vllm.v1.core.sched.scheduler.Scheduler`, the class vLLM 0.32 uses by default on
+    the CPU platform, whose `check_and_update_config` turns async scheduling off) with shadow prefill.
+
+    Requests with `priority >= shadow_priority` (default 1000) are shadow work. They are scheduled only after
+    every non-shadow request, only when no non-shadow request waits and no admission was blocked by memory
+    (Algorithm 1 line 2), at most the controller's token budget per step over all shadows together (Eq. 1
+    slack, routed-step credit, idle cap βT, n_min), in whole-block chunks; they are preempted first when KV
+    runs short and make room when a non-shadow request waits for memory or a sequence slot. Shadow KV is
+    capped at `shadow_fraction` of the blocks; blocks computed only by shadow work are evicted before other
+    cached blocks unless a non-shadow request hit them since (`shadow_kv.ShadowKV`). Non-shadow requests are
+    scheduled by vLLM's own code. Configuration: `SHADOWPREFILL_VLLM` (see `config.py`).
+
+    Supported: one full-attention KV-cache group, no speculative decoding, no KV/EC connector, no pipeline
+    parallelism, synchronous scheduling (on GPUs add `--no-async-scheduling`). Shadow requests with LoRA,
+    multimodal inputs, structured output, prompt embeddings or prompt logprobs run as ordinary requests.
+    """
+
+    def __init__(self, vllm_config, kv_cache_config, structured_output_manager, block_size, *args, **kwargs) -> None:
+        cfg = ShadowSchedulerConfig.from_env()          # fail before vLLM allocates anything
+        super().__init__(vllm_config, kv_cache_config, structured_output_manager, block_size, *args, **kwargs)
+        self.shadow_config = cfg
+        self._check_supported(vllm_config, kv_cache_config)
+        self._kv = ShadowKV(self.kv_cache_manager.block_pool,
+                            int(cfg.shadow_fraction * (kv_cache_config.num_blocks - 1)), cfg.cold_age_s)
+        self.predictor = IterationPredictor(seed_latency_model(vllm_config),
+                                            max_context=vllm_config.model_config.max_model_len)
+        slo = cfg.tpot_slo_s if cfg.tpot_slo_s is not None else default_tpot_slo(self.predictor)
+        self.controller = ShadowController(cfg.policy, self.predictor, tpot_slo=slo,
+                                           token_budget=self.max_num_scheduled_tokens,
+                                           max_seqs=self.max_num_running_reqs, beta=cfg.beta, delta=cfg.delta,
+                                           margin=cfg.margin, n_min=cfg.n_min)
+        self._slo_fixed = cfg.tpot_slo_s is not None or cfg.warmup_steps == 0
+        self._decode_steps = 0                          # measured decode-only steps (identify t̂'s decode part)
+        self._last_progress = time.monotonic()          # last step with shadow tokens
+        self._shadows: dict[str, object] = {}           # live shadow requests by id
+        self._first_token: dict[str, float] = {}        # f_r of non-shadow requests (wall clock)
+        self._ttft_slo: dict[str, float] = {}           # F_r by request (paper's rule, fixed on first sight)
+        self._step: _Step | None = None
+        self._step_no = 0
+        self.totals = {"steps": 0, "shadow_tokens": 0, "budget_tokens": 0, "shadow_chunks": 0, "shadow_preempted": 0}
+        rank = vllm_config.parallel_config.data_parallel_rank
+        path = cfg.stats_path
+        if path is not None and vllm_config.parallel_config.data_parallel_size > 1:
+            path = f"{path}.dp{rank}"
+        self._stats = StepStatsWriter(path) if path is not None else None
+        logger.info("ShadowScheduler: shadow priority >= %d, policy %s, TPOT SLO %s, shadow cap %d of %d blocks, "
+                    "n_min %d, stats %s", cfg.shadow_priority, cfg.policy,
+                    f"{slo * 1e3:.1f} ms" if self._slo_fixed else "from measured steps", self._kv.cap,
+                    kv_cache_config.num_blocks, cfg.n_min, path)
+
+    def _check_supported(self, vllm_config, kv_cache_config) -> None:
+        def refuse(what: str) -> None:
+            raise ValueError(f"ShadowScheduler: {what}")
+        if self.policy != SchedulingPolicy.PRIORITY:
+            refuse("needs --scheduling-policy priority (shadows are the lowest priority class)")
+        if not self.cache_config.enable_prefix_caching:
+            refuse("needs --enable-prefix-caching (shadow work only fills the prefix cache)")
+        groups = kv_cache_config.kv_cache_groups
+        if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, FullAttentionSpec) \
+                or groups[0].kv_cache_spec.sliding_window is not None:
+            refuse("supports models with one full-attention KV cache group only (no sliding window, hybrid "
+                   "or Mamba layers)")
+        if self.num_spec_tokens or self.num_lookahead_tokens or self.num_prefill_lookahead:
+            refuse("does not support speculative decoding")
+        if self.connector is not None or self.ec_connector is not None:
+            refuse("does not support KV or encoder-cache connectors")
+        if self.scheduler_config.async_scheduling:
+            refuse("needs synchronous scheduling: add --no-async-scheduling")
+        if self.use_pp or self.needs_kv_cache_zeroing or self.has_mamba_layers:
+            refuse("does not support pipeline parallelism or KV-cache zeroing")
+
+    # ------------------------------------------------------------------------------- request classes
+    def _shadow_eligible(self, request) -> bool:
+        sp = request.sampling_params
+        return (request.priority >= self.shadow_config.shadow_priority and request.status == RequestStatus.WAITING
+                and request.lora_request is None and not request.mm_features and request.pooling_params is None
+                and not request.use_structured_output and request.prompt_embeds is None and not request.resumable
+                and not (sp is not None and sp.prompt_logprobs))
+
+    def add_request(self, request) -> None:
+        if request.request_id not in self.requests and self._shadow_eligible(request):
+            self._shadows[request.request_id] = request
+        super().add_request(request)
+
+    def _free_request(self, request, delay_free_blocks: bool = False):
+        rid = request.request_id
+        self._first_token.pop(rid, None)
+        self._ttft_slo.pop(rid, None)
+        out = super()._free_request(request, delay_free_blocks)
+        self._shadows.pop(rid, None)
+        return out
+
+    def _free_request_blocks(self, request) -> None:
+        """Every free (finish or preemption) records block ages; a shadow's cached blocks go evict-first."""
+        blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks[0]
+        super()._free_request_blocks(request)
+        now = time.monotonic()
+        self._kv.note_freed(blocks, now)
+        if request.request_id in self._shadows:
+            self._kv.place_freed(blocks, now)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        ok = super().reset_prefix_cache(reset_running_requests, reset_connector)
+        if ok:
+            self._kv.clear()
+        return ok
+
+    # --------------------------------------------------------------------------------------- schedule
+    def schedule(self, throttle_prefills: bool = False):
+        t0, wall = time.perf_counter(), time.time()
+        shadows = self._shadows.values()
+        if shadows:
+            self._yield_to_waiting()
+        hidden = [r for r in shadows if r.status in _WAITING]
+        if hidden:
+            self.waiting.remove_requests(hidden)
+        parked = []
+        for r in shadows:
+            if r.status == RequestStatus.RUNNING:     # vLLM skips a request for one call at this step mark
+                parked.append((r, r.next_decode_eligible_step))
+                r.next_decode_eligible_step = max(r.next_decode_eligible_step, self.current_step + 2)
+        try:
+            out = super().schedule(throttle_prefills)
+        except BaseException:
+            self.waiting.prepend_requests(hidden)
+            raise
+        finally:
+            for r, step in parked:
+                r.next_decode_eligible_step = step
+        if len(self._kv):
+            self._leave_shadow_class(out)
+        step = self._shadow_phase(out, wall, hidden)
+        step.t0 = t0
+        self._step = step
+        if not out.total_num_scheduled_tokens and self._shadows:
+            time.sleep(_IDLE_SLEEP_S)
+        return out
+
+    def _yield_to_waiting(self) -> None:
+        """A non-shadow request that waits must never wait for shadow KV or a shadow's sequence slot: preempt
+        running shadows (latest first) until the waiting requests' full prompts fit (no prefix hits assumed)."""
+        running = [r for r in self._shadows.values() if r.status == RequestStatus.RUNNING]
+        if not running:
+            return
+        n_shadow_waiting = sum(r.status in _WAITING for r in self._shadows.values())
+        if len(self.waiting) + len(self.kv_holding_waiting) - n_shadow_waiting <= 0:
+            return
+        bs = self.block_size
+        need_blocks = need_slots = 0
+        for queue in (self.kv_holding_waiting, self.waiting):
+            for r in queue:
+                if r.request_id not in self._shadows:
+                    need_blocks += -(-(r.num_tokens + 1) // bs)
+                    need_slots += 1
+        pool = self.kv_cache_manager.block_pool
+        running.sort(key=lambda r: (r.priority, r.arrival_time), reverse=True)
+        ts = time.monotonic()
+        for victim in running:
+            free = pool.get_num_free_blocks() - self.kv_cache_manager.watermark_blocks
+            slots = self.max_num_active_reqs - len(self.running) - self.num_waiting_for_streaming_input
+            if free >= need_blocks and slots >= need_slots:
+                break
+            self.running.remove(victim)
+            self._preempt_request(victim, ts)
+
+    def _leave_shadow_class(self, out) -> None:
+        """Blocks a non-shadow request now holds leave the shadow class: prefix hits are promoted, new
+        allocations are evicted shadow blocks being reused."""
+        bs, kv = self.block_size, self._kv
+        for nr in out.scheduled_new_reqs:
+            if nr.req_id not in self._shadows:
+                ids, hits = nr.block_ids[0], nr.num_computed_tokens // bs
+                kv.leave(ids[:hits], hit=True)
+                kv.leave(ids[hits:], hit=False)
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            new = cached.new_block_ids[i]
+            if new is None or rid in self._shadows:
+                continue
+            ids = new[0]
+            if rid in cached.resumed_req_ids:
+                hits = cached.num_computed_tokens[i] // bs
+                kv.leave(ids[:hits], hit=True)
+                kv.leave(ids[hits:], hit=False)
+            else:
+                kv.leave(ids, hit=False)
+
+    # ------------------------------------------------------------------------------- Algorithm 1
+    def _view_of(self, out, wall: float, step: _Step, hidden_ids: set) -> IterationView:
+        """The routed/normal part of the step as the controller reads it (before shadow chunks)."""
+        cfg, ctl = self.shadow_config, self.controller
+        decodes, prefills, routed = [], [], False
+        for rid, n in out.num_scheduled_tokens.items():
+            r = self.requests[rid]
+            before = r.num_computed_tokens - n
+            first = self._first_token.get(rid)
+            ttft = self._ttft_slo.get(rid)
+            if ttft is None:
+                ttft = cfg.ttft_slo_s if cfg.ttft_slo_s is not None else default_ttft_slo(
+                    self.predictor, r.num_prompt_tokens, self.max_num_scheduled_tokens)
+                self._ttft_slo[rid] = ttft
+            v = _ReqView(r.arrival_time, first, max(0, r.num_output_tokens - 1), before, r.num_tokens - before,
+                         ttft, ctl.tpot_slo)
+            if first is not None and n == 1 and r.num_tokens - before == 1:
+                decodes.append((rid, v))
+            else:
+                prefills.append((rid, v, n))
+            routed = routed or r.priority <= cfg.routed_priority
+        step.decodes, step.prefills = decodes, prefills
+        preempted = out.preempted_req_ids or ()
+        step.preempted_shadows = sum(1 for i in preempted if i in self._shadows)
+        in_queue = sum(1 for i in preempted if i in self._shadows and i not in hidden_ids)   # preempted by vLLM
+        step.waiting = len(self.waiting) + len(self.kv_holding_waiting) - in_queue
+        bs, now = self.block_size, time.monotonic()
+        return IterationView(wall, [v for _, v in decodes], [(v, n) for _, v, n in prefills], routed,
+                             waiting=step.waiting > 0, admission_blocked=bool(preempted),
+                             num_tokens=out.total_num_scheduled_tokens, num_seqs=len(out.num_scheduled_tokens),
+                             free_shadow_tokens=lambda limit: self._kv.available(limit // bs, now) * bs)
+
+    def _shadow_phase(self, out, wall: float, hidden: list) -> _Step:
+        step = _Step()
+        step.output, step.wall, step.shadow_chunks = out, wall, []
+        budget = self.controller.plan(self._view_of(out, wall, step, {r.request_id for r in hidden}))
+        step.budget = budget
+        step.warm = self._slo_fixed and self.predictor.num_observations >= self.shadow_config.warmup_steps
+        if step.warm:
+            allowance = budget.fresh_tokens
+            if budget.branch == "idle" and allowance < budget.n_min and self._shadows \
+                    and time.monotonic() - self._last_progress >= _LIVENESS_S:
+                step.warm, allowance = False, budget.n_min      # t̂ may be stale: one probe refreshes it
+        else:                   # t̂ uncalibrated: probe chunks of n_min, on idle steps only (they teach t̂)
+            allowance = budget.n_min if budget.branch == "idle" else 0
+        if self._pause_state != PauseState.UNPAUSED:
+            allowance = 0
+        step.allowance = allowance
+        admitted: list = []
+        if allowance > 0:
+            candidates = [r for r in self._shadows.values() if r.status == RequestStatus.RUNNING] + hidden
+            candidates.sort(key=lambda r: (r.priority, r.arrival_time))
+            self._take(budget, allowance, candidates, out, step, admitted)
+        if hidden:
+            chosen = set(map(id, admitted))
+            self.waiting.prepend_requests(r for r in hidden if id(r) not in chosen)
+        return step
+
+    def _take(self, budget, allowance: int, candidates, out, step: _Step, admitted: list) -> None:
+        """Line 15: whole-block chunks for shadow requests in (priority, arrival) order within the budget."""
+        bs, n_min, kvm = self.block_size, budget.n_min, self.kv_cache_manager
+        now, taken = time.monotonic(), 0
+        sched: dict[str, int] = {}
+        new_blocks_of: dict = {}
+        running_now, resumed_now, new_now = [], [], []
+        probe = not step.warm                                   # one chunk <= n_min, whatever t̂ says
+        for r in candidates:
+            left = min(allowance - taken, budget.room())
+            if left <= 0 or (probe and sched):
+                break
+            running = r.status == RequestStatus.RUNNING
+            if running:
+                context, hit_blocks, computed = r.num_computed_tokens, (), None
+                held = len(kvm.get_blocks(r.request_id).blocks[0])
+            else:
+                if len(self.running) + self.num_waiting_for_streaming_input >= self.max_num_active_reqs:
+                    continue
+                computed, context, _ = kvm.get_computed_blocks(r)
+                hit_blocks = computed.blocks[0]
+                held = len(hit_blocks)
+            remaining = r.num_tokens - context
+            if probe:                                           # whole blocks up to n_min, whatever t̂ says
+                k = min(left, budget.read_kv_room(bs) + (held * bs - context))
+                n = remaining if remaining <= k else (context + k) // bs * bs - context
+            else:                                               # lines 10-12 (a last chunk may be < n_min)
+                n = min(budget.max_tokens(context, block_size=bs, remaining=remaining), remaining)
+                if n > left:                                    # the step's shadow tokens (budget_tokens)
+                    n = left - left % bs
+                    if n < n_min and n != remaining:
+                        continue
+            if n <= 0:
+                continue
+            need = -(-(context + n) // bs) - held
+            exclude = {b.block_id for b in hit_blocks}
+            if not self._kv.prepare(need, now, exclude):        # line 11: free / cold blocks within the cap
+                continue
+            if running:
+                blocks = kvm.allocate_slots(r, n, num_lookahead_tokens=self.num_lookahead_tokens)
+            else:
+                blocks = kvm.allocate_slots(r, n, num_new_computed_tokens=context, new_computed_blocks=computed,
+                                            num_lookahead_tokens=self.num_lookahead_tokens,
+                                            full_sequence_must_fit=False, has_scheduled_reqs=True)
+            if blocks is None:
+                continue
+            self._kv.add(blocks.blocks[0])
+            budget.take(n, context)
+            taken += n
+            sched[r.request_id] = n
+            step.shadow_chunks.append((n, context))
+            if running:
+                running_now.append(r)
+                new_blocks_of[r.request_id] = blocks
+            else:
+                self._admit(r, context, n, computed, out)
+                (resumed_now if r.status == RequestStatus.PREEMPTED else new_now).append(r)
+                new_blocks_of[r.request_id] = kvm.get_blocks(r.request_id)
+                admitted.append(r)
+        if sched:
+            self._merge(out, sched, running_now, resumed_now, new_now, new_blocks_of)
+
+    def _admit(self, r, context: int, n: int, computed, out) -> None:
+        """What vLLM's waiting loop does when it admits a request (text-only, no connector)."""
+        if r.prefill_stats and r.num_preemptions <= 0:
+            r.prefill_stats.set(num_prompt_tokens=r.num_prompt_tokens, num_local_cached_tokens=context,
+                                num_external_cached_tokens=0)
+        self.kv_cache_manager.record_prefix_cache_stats(r, context)
+        self.running.append(r)
+        if self.log_stats:
+            r.record_event(EngineCoreEventType.SCHEDULED, time.monotonic())
+        r.num_computed_tokens = context
+        if context + n < r.num_tokens:
+            self._inflight_prefills.add(r)
+
+    def _merge(self, out, sched, running_now, resumed_now, new_now, new_blocks_of) -> None:
+        """Add the shadow chunks to vLLM's step output, then advance them as vLLM advances its requests."""
+        if self.use_v2_model_runner:
+            new_now, resumed_now = new_now + resumed_now, []
+        for r in new_now:
+            ids = new_blocks_of[r.request_id].get_block_ids()
+            out.scheduled_new_reqs.append(
+                NewRequestData.from_request(r, ids, r._all_token_ids, uses_mrope=self.model_uses_mrope)
+                if self.use_v2_model_runner else NewRequestData.from_request(r, ids, uses_mrope=self.model_uses_mrope))
+        extra = self._make_cached_request_data(running_now, resumed_now, sched, {}, new_blocks_of)
+        for r in new_now + resumed_now:
+            r.status = RequestStatus.RUNNING
+        cached = out.scheduled_cached_reqs
+        cached.req_ids.extend(extra.req_ids)
+        cached.resumed_req_ids.update(extra.resumed_req_ids)
+        cached.new_token_ids.extend(extra.new_token_ids)
+        cached.all_token_ids.update(extra.all_token_ids)
+        cached.new_block_ids.extend(extra.new_block_ids)
+        cached.num_computed_tokens.extend(extra.num_computed_tokens)
+        cached.num_output_tokens.extend(extra.num_output_tokens)
+        out.num_scheduled_tokens.update(sched)
+        out.total_num_scheduled_tokens += sum(sched.values())
+        if not self.use_v2_model_runner:
+            self.prev_step_scheduled_req_ids.update(sched)
+        part = copy.copy(out)
+        part.num_scheduled_tokens, part.has_structured_output_requests = sched, False
+        finished, preempted = self.finished_req_ids, self.reset_preempted_req_ids
+        super()._update_after_schedule(part)             # advances num_computed_tokens of the shadows
+        self.finished_req_ids, self.reset_preempted_req_ids = finished, preempted
+
+    # ------------------------------------------------------------------------------ after the step
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        step = self._step
+        if step is None or step.output is not scheduler_output:
+            return outputs
+        self._step = None
+        duration = time.perf_counter() - step.t0
+        if not scheduler_output.total_num_scheduled_tokens:
+            return outputs
+        wall = time.time()
+        for rid, _, _ in step.prefills:
+            r = self.requests.get(rid)
+            if r is not None and rid not in self._first_token and r.num_output_tokens > 0:
+                self._first_token[rid] = wall
+        prefill = [(n, v.num_computed_tokens) for _, v, n in step.prefills] + step.shadow_chunks
+        decode_ctx = [v.num_computed_tokens + 1 for _, v in step.decodes]
+        predicted = self.predictor.predict(prefill, decode_ctx)         # t̂ as the budget saw it (before refit)
+        shadow_s = sum(self.predictor.chunk_time(n, c) for n, c in step.shadow_chunks)
+        self.predictor.observe(prefill, decode_ctx, duration)
+        busy = bool(step.decodes or step.prefills)
+        decode_only = busy and not step.prefills and not step.shadow_chunks
+        self.controller.end_iteration(duration, busy=busy, decode_only=decode_only)
+        self._decode_steps += decode_only
+        if step.shadow_chunks:
+            self._last_progress = time.monotonic()
+        if not self._slo_fixed:     # the rule needs decode steps: t̂'s decode part is unidentified without them
+            warmup = self.shadow_config.warmup_steps
+            self._update_slo(fix=self.predictor.num_observations >= warmup and self._decode_steps >= warmup // 2)
+        self._record(step, duration, predicted, shadow_s)
+        return outputs
+
+    def _update_slo(self, fix: bool) -> None:
+        """The paper's TPOT rule (max(25 ms, 5 x batch-1 decode)) on the refitted t̂; fixed once warm."""
+        slo = default_tpot_slo(self.predictor)
+        ctl = self.controller
+        ctl.set_tpot_slo(slo)
+        if fix:
+            self._slo_fixed = True
+            logger.info("ShadowScheduler: TPOT SLO %.1f ms from %d measured steps (beta*T = %.1f ms)", slo * 1e3,
+                        self.predictor.num_observations, ctl.cap * 1e3)
+
+    def _record(self, step: _Step, duration: float, predicted: float, shadow_s: float) -> None:
+        self._step_no += 1
+        if self._step_no % 1024 == 0:
+            self._kv.prune()
+        shadow_tokens = sum(n for n, _ in step.shadow_chunks)
+        t = self.totals
+        t["steps"] += 1
+        t["shadow_tokens"] += shadow_tokens
+        t["budget_tokens"] += step.allowance
+        t["shadow_chunks"] += len(step.shadow_chunks)
+        t["shadow_preempted"] += step.preempted_shadows
+        if self._stats is None:
+            return
+        b, kv = step.budget, self._kv
+        self._stats.write({
+            "step": self._step_no, "t": round(step.wall, 6), "duration_s": round(duration, 6),
+            "predicted_s": predicted, "shadow_s": shadow_s, "branch": b.branch, "budget_s": b.seconds,
+            "budget_tokens": step.allowance, "shadow_tokens": shadow_tokens, "shadow_chunks": len(step.shadow_chunks),
+            "shadow_blocks": kv.count(), "shadow_cap_blocks": kv.cap, "num_blocks": self.kv_cache_config.num_blocks,
+            "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            "waiting": step.waiting, "running": len(self.running), "decodes": len(step.decodes),
+            "prefill_tokens": sum(n for _, _, n in step.prefills), "shadow_pending": len(self._shadows),
+            "shadow_preempted": t["shadow_preempted"], "shadow_evicted_blocks": kv.evicted,
+            "shadow_promoted_blocks": kv.promoted, "tpot_slo_s": round(self.controller.tpot_slo, 6),
+            "credit_s": round(self.controller.credit, 6), "warm": step.warm})
+
+    def shutdown(self) -> None:
+        if self._stats is not None:
+            self._stats.close()
+        super().shutdown()

@@ -1,0 +1,193 @@
+"""ShadowScheduler against real vLLM 0.32 CPU servers (run by tests/vllm_harness/run.sh, `make test-vllm`).
+
+    SP_SHADOW_PEERS=peers.json [SP_SHADOW_REPORT=out.json] python -m pytest -q tests/vllm_harness/suite_shadow_scheduler.py
+
+peers.json (written by run.sh): the plugin servers (`itl`: tpot_slo_s given; `pressure`: a small KV pool), their
+stats files, the results of the same scenarios on stock vLLM (priority scheduling), and the log of a server
+started with a bad SHADOWPREFILL_VLLM. Scenarios: shadow_scenario.py. Wall-clock latencies are measured and
+reported (SP_SHADOW_REPORT, the README table), never asserted (project rule); the assertions are on what the
+scheduler decides: the per-step stats, cached tokens, which blocks survive, who is preempted, outputs.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.vllm_harness.shadow_scenario import evict_scenario, itl_scenario, yield_scenario
+
+EPS = 1e-9
+
+
+def _peers() -> dict:
+    spec = os.environ.get("SP_SHADOW_PEERS")
+    if not spec:
+        raise RuntimeError("SP_SHADOW_PEERS is not set: this suite runs against real vLLM servers "
+                           "(make test-vllm starts them)")
+    return json.loads(Path(spec).read_text())
+
+
+PEERS = _peers()
+BS = int(PEERS["block_size"])
+
+
+def stats(name: str) -> list[dict]:
+    out = []
+    for line in Path(PEERS["plugin"][name]["stats"]).read_text().splitlines():
+        out.append(json.loads(line))
+    return out
+
+
+@pytest.fixture(scope="module")
+def report():
+    rep = {"stock": {k: json.loads(Path(v).read_text()) for k, v in PEERS["stock"].items()}, "plugin": {}}
+    yield rep
+    if os.environ.get("SP_SHADOW_REPORT"):
+        Path(os.environ["SP_SHADOW_REPORT"]).write_text(json.dumps(rep, indent=1))
+
+
+@pytest.fixture(scope="module")
+def itl(report):
+    p = PEERS["plugin"]["itl"]
+    result = asyncio.run(itl_scenario(p["url"], p["model"], block_size=BS))
+    rows = stats("itl")
+    lo, hi = (w + result["clock_offset"] for w in result["window"]["shadow"])
+    shadow_steps = [r for r in rows if r["shadow_tokens"] > 0]
+    result["stats"] = {
+        "steps": len(rows), "shadow_steps": len(shadow_steps),
+        "shadow_tokens_mean": sum(r["shadow_tokens"] for r in shadow_steps) / max(1, len(shadow_steps)),
+        "shadow_tokens_max": max((r["shadow_tokens"] for r in shadow_steps), default=0),
+        "steps_in_window": sum(lo <= r["t"] <= hi for r in rows), "tpot_slo_s": rows[-1]["tpot_slo_s"],
+        "branches": sorted({r["branch"] for r in shadow_steps}),
+    }
+    report["plugin"]["itl"] = result
+    return result
+
+
+@pytest.fixture(scope="module")
+def evicted(report):
+    p = PEERS["plugin"]["pressure"]
+    report["plugin"]["evict"] = result = asyncio.run(evict_scenario(p["url"], p["model"], block_size=BS))
+    return result
+
+
+@pytest.fixture(scope="module")
+def yielded(report, evicted):
+    p = PEERS["plugin"]["pressure"]
+    path, start = Path(p["stats"]), time.time()
+
+    async def shadow_decodes() -> bool:
+        """The last step the scheduler recorded ran a one-token shadow chunk (a decode) after the start."""
+        lines = path.read_bytes().rstrip().rsplit(b"\n", 1)
+        last = json.loads(lines[-1]) if lines and lines[-1] else {}
+        return last.get("t", 0) > start and last.get("shadow_tokens") == 1 and last.get("prefill_tokens") == 0
+    report["plugin"]["yield"] = result = asyncio.run(yield_scenario(p["url"], p["model"], block_size=BS,
+                                                                    decoding=shadow_decodes))
+    return result
+
+
+# ------------------------------------------------------------------------------------------- ITL scenario
+def test_switch_call_after_each_shadow_finds_its_whole_blocks_cached(itl):
+    assert len(itl["switches"]) == itl["shadows"]
+    for sw in itl["switches"]:
+        assert sw["cached_tokens"] >= sw["shadow_len"] // BS * BS, sw
+        assert sw["cached_tokens"] <= sw["prompt_tokens"]
+
+
+def test_no_step_takes_more_shadow_tokens_than_its_budget(itl):
+    rows = stats("itl")
+    assert sum(r["shadow_tokens"] for r in rows) >= itl["shadows"] * itl["shadow_len"]
+    for r in rows:
+        assert 0 <= r["shadow_tokens"] <= r["budget_tokens"], r
+        assert (r["shadow_chunks"] > 0) == (r["shadow_tokens"] > 0), r
+
+
+def test_shadow_work_runs_only_when_no_normal_request_waits(itl):
+    rows = stats("itl")
+    assert any(r["shadow_tokens"] for r in rows)
+    for r in rows:
+        if r["shadow_tokens"]:
+            assert r["waiting"] == 0 and r["branch"] != "blocked", r
+
+
+def test_budgeted_steps_are_predicted_within_b(itl):
+    """Algorithm 1 line 10 on the step the controller saw: t̂(B + shadow) <= b (credit: the shadow part)."""
+    rows = [r for r in stats("itl") if r["shadow_tokens"] and r["warm"]]
+    assert rows
+    for r in rows:
+        spent = r["shadow_s"] if r["branch"] == "credit" else r["predicted_s"]
+        assert spent <= r["budget_s"] * (1 + 1e-6) + EPS, r
+        assert r["budget_s"] <= r["tpot_slo_s"] * 0.5 * (1 + 1e-6) + EPS, r       # capped at beta * T
+
+
+def test_shadow_kv_never_exceeds_the_cap(itl, evicted, yielded):
+    for name in ("itl", "pressure"):
+        for r in stats(name):
+            assert r["shadow_blocks"] <= r["shadow_cap_blocks"], (name, r)
+
+
+def test_normal_outputs_equal_stock_vllm(itl, report):
+    stock = report["stock"]["itl"]["compare_outputs"]
+    assert itl["compare_outputs"] == stock and all(stock)
+
+
+def test_tpot_slo_given_is_used(itl):
+    assert itl["stats"]["tpot_slo_s"] == pytest.approx(PEERS["plugin"]["itl"]["tpot_slo_s"])
+
+
+# ------------------------------------------------------------------------------------ memory pressure
+def test_shadow_blocks_are_evicted_before_normal_ones(evicted, report):
+    a, k = evicted["blocks_a"], evicted["evict"]
+    assert evicted["normal_cached_after"] == a * BS                 # the normal prefix survived whole
+    assert evicted["shadow_cached_after"] == (a - k) * BS           # the shadow lost its k tail blocks
+    last = stats("pressure")[-1]
+    assert last["shadow_evicted_blocks"] >= k
+    stock = report["stock"]["evict"]                                # vLLM's LRU alone: the normal prefix goes
+    assert stock["normal_cached_after"] < a * BS
+
+
+def test_waiting_normal_request_preempts_a_running_shadow(yielded, report):
+    assert yielded["normal_done_first"] and yielded["shadow_output_tokens"] == 600
+    assert stats("pressure")[-1]["shadow_preempted"] >= 1
+    assert not report["stock"]["yield"]["normal_done_first"]        # stock vLLM: the normal request waited
+
+
+def test_pressure_scenarios_end_with_nothing_pending(yielded):
+    last = stats("pressure")[-1]
+    assert last["shadow_pending"] == 0 and last["running"] == 0
+
+
+# ------------------------------------------------------------------------------------------- /metrics
+def test_metrics_counters_equal_the_stats_file(itl):
+    p = PEERS["plugin"]["itl"]
+    with httpx.Client(base_url=p["url"], timeout=60) as c:
+        time.sleep(0.3)                     # the logger reads at most every 0.25 s, when vLLM records a step
+        c.post("/v1/completions", json={"model": p["model"], "prompt": [11, 12, 13], "max_tokens": 1})
+        text = c.get("/metrics").text
+
+    def metric(name: str) -> float:
+        m = re.search(rf'^{re.escape(name)}\{{[^}}]*\}} (\S+)$', text, re.M)
+        assert m, f"{name} not on /metrics"
+        return float(m.group(1))
+    n = int(metric("shadowprefill:steps_total"))
+    rows = stats("itl")[:n]
+    assert n > 0 and len(rows) == n
+    assert metric("shadowprefill:shadow_tokens_total") == sum(r["shadow_tokens"] for r in rows)
+    assert metric("shadowprefill:budget_tokens_total") == sum(r["budget_tokens"] for r in rows)
+    assert metric("shadowprefill:shadow_chunks_total") == sum(r["shadow_chunks"] for r in rows)
+    assert metric("shadowprefill:shadow_promoted_blocks_total") == rows[-1]["shadow_promoted_blocks"]
+    assert metric("shadowprefill:tpot_slo_seconds") == pytest.approx(rows[-1]["tpot_slo_s"])
+
+
+# -------------------------------------------------------------------------------------------- start-up
+def test_bad_configuration_stops_startup_naming_the_key():
+    bad = PEERS["bad_config"]
+    assert bad["exit_code"] not in (None, 0)
+    log = Path(bad["log"]).read_text()
+    assert re.search(r"SHADOWPREFILL_VLLM: unknown key\(s\) 'tpot_slo'", log), log[-3000:]
