@@ -43,9 +43,9 @@ class EngineConfig:
 
     Batching: `token_budget` new tokens and `max_seqs` sequences per iteration.
 
-    Admission (`admission`): "fcfs" (routed calls and normal traffic in one queue by arrival, as the paper's
-    vLLM engines) or "routed-first" (waiting routed calls before normal traffic; a routed admission may
-    preempt running normal requests).
+    Admission (`admission`): "fcfs" (the default: routed calls and normal traffic in one queue by arrival,
+    as the paper's vLLM engines; shadow work is the only lower class) or "routed-first" (waiting routed calls
+    before normal traffic; a routed admission may preempt running normal requests).
 
     Shadow prefill (`shadow_mode`, a `shadow.policy` name): "harvest-slo" (Algorithm 1 with the SLO-slack
     controller; the default), "harvest" (fixed credit on busy iterations), "eager" (shadow jobs as
@@ -64,7 +64,7 @@ class EngineConfig:
     block_size: int = 16
     token_budget: int = 2048
     max_seqs: int = 256
-    admission: str = "routed-first"
+    admission: str = "fcfs"
     shadow_mode: str = "harvest-slo"
     beta: float = 0.5
     delta: float | None = None

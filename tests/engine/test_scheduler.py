@@ -29,8 +29,54 @@ def ids(reqs):
     return [r.request_id for r in reqs]
 
 
-def test_admission_order_routed_then_arrival_under_budget():
+def test_default_admission_is_fcfs():
+    assert EngineConfig(num_blocks=8).admission == "fcfs"
+
+
+def test_fcfs_admits_routed_and_normal_by_arrival_under_budget():
     e = sim_engine(num_blocks=256, token_budget=100)
+    for i, (rid, prio) in enumerate([("n1", "normal"), ("r1", "routed"), ("n2", "normal"), ("r2", "routed")]):
+        e.add_request(rid, toks(30, i), 5, priority=prio)
+    b = one_step(e)
+    assert [(r.request_id, n) for r, n in b.prefills] == [("n1", 30), ("r1", 30), ("n2", 30), ("r2", 10)]
+    assert b.has_routed and not b.waiting_nonempty
+    assert ids(b.samples) == ["n1", "r1", "n2"]                 # r2's chunk does not finish its prompt
+    e.add_request("r3", toks(50, 9), 5, priority="routed")
+    e.add_request("n3", toks(10, 8), 5)
+    b = one_step(e)
+    assert ids(b.decodes) == ["n1", "r1", "n2"]                 # decodes in arrival order
+    assert [(r.request_id, n) for r, n in b.prefills] == [("r2", 20), ("r3", 50), ("n3", 10)]
+
+
+def test_fcfs_routed_admission_waits_and_preempts_newest_first():
+    # the pool is full with an older normal request: a routed call waits (no priority), and when pages run
+    # out the newest arrival is the victim whatever its class
+    e = sim_engine(num_blocks=6, token_budget=1000)
+    n = e.add_request("n", toks(90, 1), 6)                     # 6 pages: the whole pool
+    one_step(e)
+    r = e.add_request("r", toks(20, 2), 5, priority="routed")
+    b = one_step(e)
+    assert not b.preempted and b.admission_blocked and ids(b.decodes) == ["n"]
+    assert r.status is RequestStatus.WAITING
+    while not n.is_finished:
+        one_step(e)
+    while e.has_work():
+        one_step(e)
+    assert r.is_finished and n.num_preemptions == 0
+
+    e = sim_engine(num_blocks=6, token_budget=1000)
+    old = e.add_request("old", toks(30, 1), 10, priority="routed")
+    new = e.add_request("new", toks(30, 2), 10)
+    mid = e.add_request("mid", toks(30, 3), 10, priority="routed")   # arrives after `new`
+    preempted = []
+    while e.has_work():
+        preempted += ids(one_step(e).preempted)
+    assert preempted[0] == "mid" and old.num_preemptions == 0
+    assert all(q.is_finished and len(q.output_token_ids) == 10 for q in (old, new, mid))
+
+
+def test_admission_order_routed_then_arrival_under_budget():
+    e = sim_engine(num_blocks=256, token_budget=100, admission="routed-first")
     for i, (rid, prio) in enumerate([("n1", "normal"), ("n2", "normal"), ("r1", "routed"), ("r2", "routed")]):
         e.add_request(rid, toks(30, i), 5, priority=prio)
     b = one_step(e)
@@ -69,7 +115,7 @@ def test_max_seqs():
 
 def test_kv_exhaustion_preempts_normal_newest_first_never_routed():
     # 6 pages; three 30-token requests hold 2 pages each; their 3rd page forces preemption
-    e = sim_engine(num_blocks=6, token_budget=1000)
+    e = sim_engine(num_blocks=6, token_budget=1000, admission="routed-first")
     n_old = e.add_request("n_old", toks(30, 1), 10)
     r = e.add_request("r", toks(30, 2), 10, priority="routed")
     n_new = e.add_request("n_new", toks(30, 3), 10)
@@ -95,7 +141,7 @@ def test_lowest_ranked_request_preempts_itself():
 
 
 def test_routed_admission_preempts_running_normal():
-    e = sim_engine(num_blocks=6, token_budget=1000)
+    e = sim_engine(num_blocks=6, token_budget=1000, admission="routed-first")
     n = e.add_request("n", toks(90, 1), 6)                     # 6 pages: the whole pool
     one_step(e)
     r = e.add_request("r", toks(20, 2), 5, priority="routed")

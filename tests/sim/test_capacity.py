@@ -77,7 +77,7 @@ def test_fingerprint_follows_what_the_capacity_depends_on(monkeypatch):
     engine = q.engine
     changed = [CapacityQuery("Qwen2.5-72B"), CapacityQuery(MODEL, gpu="h200"), CapacityQuery(MODEL, tp=2),
                CapacityQuery(MODEL, hbm_fraction=0.8), CapacityQuery(MODEL, engine={**engine, "token_budget": 1024}),
-               CapacityQuery(MODEL, engine={**engine, "admission": "fcfs"}),
+               CapacityQuery(MODEL, engine={**engine, "admission": "routed-first"}),
                CapacityQuery(MODEL, engine={**engine, "slo_factor": 4.0}), CapacityQuery(MODEL, lengths="code"),
                CapacityQuery(MODEL, steps=6), CapacityQuery(MODEL, duration_s=60.0)]
     assert CapacityQuery.of(MODEL, SimConfig.make(models=(MODEL,), token_budget=1024)).fingerprint() == \
