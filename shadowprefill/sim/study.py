@@ -235,6 +235,50 @@ def plot_study(study: dict, out_dir: str | Path) -> Path:
     return path
 
 
+FIGURE4_PANELS = (("llm_call_latency_mean_s_reduction_pct", "all LLM calls"),
+                  ("switch_call_latency_mean_s_reduction_pct", "switch calls"))
+
+
+def plot_policies(study: dict, out_dir: str | Path) -> Path:
+    """The paper's Figure 4 layout: per workload, the reduction of (a) all LLM calls' and (b) switch calls'
+    latency against No Shadow for every policy of the study, ±1 SE bars, the paper's published value as a
+    diamond where it gives one (Harvest-SLO+Host's mean, and Oracle's bound, drawn on Oracle+Host)."""
+    from shadowprefill.sim.report import _pyplot
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    agg, spec = study["aggregate"], study["spec"]
+    fig, axes = plt.subplots(len(agg), len(FIGURE4_PANELS), figsize=(12, 3.6 * len(agg)), squeeze=False)
+    n_runs = len(spec["seeds"]) * len(spec["windows"])
+    for row, (workload, policies) in zip(axes, agg.items()):
+        shown = [p for p in spec["policies"] if p in policies]
+        for ax, (key, label) in zip(row, FIGURE4_PANELS):
+            ms = [policies[p][key][0] for p in shown]
+            ses = [policies[p][key][1] for p in shown]
+            colors = ["tab:red" if p == "harvest-slo+host" else "lightgrey" if p == "eager" else "tab:blue"
+                      for p in shown]
+            ax.bar(range(len(shown)), ms, 0.7, yerr=ses, capsize=3, color=colors)
+            for x, (p, m) in enumerate(zip(shown, ms)):          # labels: the bar's value, as the paper's
+                if p == "harvest-slo+host" and not math.isnan(m):
+                    ax.annotate(f"{m:.0f}", (x, m), ha="center", va="bottom", fontsize=8)
+                ref = _paper_value(workload, key, p)
+                if ref is not None:
+                    ax.plot([x], [ref], marker="D", color="black", linestyle="none",
+                            label="paper (mean over pairs)" if p == "harvest-slo+host" else None)
+            ax.set_xticks(range(len(shown)))
+            ax.set_xticklabels(shown, rotation=35, ha="right", fontsize=8)
+            ax.axhline(0, color="grey", linewidth=0.8)
+            ax.set_ylabel("latency reduction vs No Shadow (%)")
+            ax.set_title(f"{workload} ({spec['pair']}): {label}, ±1 SE over {n_runs} runs", fontsize=9)
+            if any(_paper_value(workload, key, p) is not None for p in shown):
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "figure4_policies.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 def register(subparsers) -> None:
     """Adds `shadowprefill demo` (the main job: the headline study at paper defaults, reduced length)."""
@@ -252,6 +296,8 @@ def register(subparsers) -> None:
     p.add_argument("--warmup", type=nonneg_float, default=60.0)
     p.add_argument("--session-rate", type=positive_float, help="sessions per second (default: each workload's)")
     p.add_argument("--policies", default=",".join(STUDY_POLICIES))
+    p.add_argument("--all-policies", action="store_true",
+                   help="all ten policies of Table 2 (overrides --policies) and the Figure 4 chart of them")
     p.add_argument("--capacity", help="per-instance capacity, MODEL=REQ_S[,MODEL=REQ_S] (skips calibration; the "
                                       "paper's testbed: Qwen2.5-7B=12.8,Llama-3.1-70B=3.8)")
     p.add_argument("--jobs", type=positive_int, help="parallel processes (default: CPU count)")
@@ -273,7 +319,8 @@ def spec_from_args(args) -> StudySpec:
     spec = StudySpec(workloads=workloads, pair=args.pair, seeds=tuple(comma_list(args.seeds, int, "--seeds integer")),
                      capacity=_capacity(args.capacity), windows=tuple(comma_list(args.windows)),
                      duration_s=duration, warmup_s=warmup, session_rate=args.session_rate,
-                     policies=tuple(p.name for p in parse_policies(args.policies)), jobs=args.jobs)
+                     policies=tuple(p.name for p in parse_policies("all" if getattr(args, "all_policies", False) else args.policies)),
+                     jobs=args.jobs)
     if any(s < 0 for s in spec.seeds):
         raise ValueError(f"--seeds must be integers >= 0, got {args.seeds!r}")
     spec.experiments()               # validates the pair
@@ -298,6 +345,6 @@ def _demo(args) -> int:
     print(study_table(study))
     out.mkdir(parents=True, exist_ok=True)
     (out / "study.json").write_text(json.dumps({k: v for k, v in study.items()}, indent=1, default=str))
-    fig = plot_study(study, out)
-    print(f"\nwall time {study['wall_s']:.0f} s; wrote {out / 'study.json'} and {fig}")
+    figs = [plot_study(study, out)] + ([plot_policies(study, out)] if getattr(args, "all_policies", False) else [])
+    print(f"\nwall time {study['wall_s']:.0f} s; wrote {out / 'study.json'} and {', '.join(map(str, figs))}")
     return 0

@@ -113,3 +113,55 @@ def test_tiny_study_end_to_end(tmp_path, capsys):
             m, se, _ = agg[p][key]
             assert f"{m * scale:7.1f} ± {se * scale:4.1f}" in line, (p, key, line)
     assert study_table(study) in printed
+
+
+def test_all_policies_spec_and_figure4(tmp_path):
+    """`demo --all-policies` takes the ten policies of Table 2 in the paper's order; the Figure 4 chart
+    draws one bar per policy and panel, with the paper's markers, from a study's aggregate."""
+    import argparse
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from shadowprefill.sim.policies import POLICY_ORDER
+    from shadowprefill.sim.study import plot_policies, register, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["demo", "--all-policies", "--policies", "no-shadow,oracle"])
+    spec = spec_from_args(args)
+    assert spec.policies == POLICY_ORDER and len(spec.policies) == 10
+    rng = random.Random(11)
+    runs = []
+    for i in range(4):
+        summaries = {p: {k: rng.uniform(-10, 40) for k, _ in METRICS} for p in POLICY_ORDER}
+        for s in summaries.values():
+            s.update(num_switch_calls=rng.randint(5, 40), num_calls=rng.randint(50, 200))
+        runs.append(({"workload": "ghcp-coding" if i % 2 else "fusionbench"}, summaries))
+    study = {"spec": {"policies": list(POLICY_ORDER), "seeds": [0, 1], "windows": ["peak"], "pair": "Q/L"},
+             "aggregate": aggregate(runs)}
+    import matplotlib.pyplot as plt
+    drawn = []
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, path, **kw):
+        drawn.append(fig)
+        return real_savefig(fig, path, **kw)
+
+    plt.Figure.savefig = keep
+    try:
+        path = plot_policies(study, tmp_path)
+    finally:
+        plt.Figure.savefig = real_savefig
+    assert path.stat().st_size > 0 and len(drawn) == 1
+    axes = drawn[0].axes
+    assert len(axes) == 4                                           # 2 workloads x (all calls, switch calls)
+    for ax in axes:
+        bars = [p for p in ax.patches]
+        assert len(bars) == 10
+        workload = "fusionbench" if ax in axes[:2] else "ghcp-coding"
+        key = ("llm_call_latency_mean_s_reduction_pct" if ax in (axes[0], axes[2])
+               else "switch_call_latency_mean_s_reduction_pct")
+        want = [study["aggregate"][workload][p][key][0] for p in POLICY_ORDER]
+        assert [b.get_height() for b in bars] == pytest.approx(want)
+        markers = [ln for ln in ax.lines if ln.get_marker() == "D"]
+        assert len(markers) == 2                                   # Harvest-SLO+Host's and Oracle+Host's
