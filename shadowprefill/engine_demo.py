@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shadowprefill.cluster.call_stats import call_metrics
 from shadowprefill.cluster.manager import ClusterManager, Instance
 from shadowprefill.cluster.router import MarkovRouter
 from shadowprefill.cluster.workloads import Call, Session
@@ -131,7 +132,7 @@ def run_policy(shadow_mode: str, cfg: DemoConfig, device: str = "cpu") -> dict:
                 for ticket in finished:                          # a call ended: schedule the session's next
                     out = ticket.output
                     outputs[ticket.session_id].append(list(out.token_ids))
-                    records.append((ticket.is_switch, ticket.prompt_tokens, out.num_cached_tokens, out.ttft))
+                    records.append(ticket)
                     session = by_id[ticket.session_id]
                     k = ticket.call_index + 1
                     if k < len(session.calls):
@@ -163,21 +164,15 @@ def run_policy(shadow_mode: str, cfg: DemoConfig, device: str = "cpu") -> dict:
     return summarize(records, [g[0].engine for g in instances.values()], clock.now() - start)
 
 
-def summarize(records, engines, wall_s: float) -> dict:
-    switch = [r for r in records if r[0]]
+def summarize(tickets, engines, wall_s: float) -> dict:
+    """The simulator's call metrics (`cluster.call_stats.call_metrics`) of the finished calls, plus the
+    engines' shadow token counts and the wall time."""
     block = engines[0].config.block_size
-    promoted = sum(e.kv_stats.shadow_blocks_promoted for e in engines) * block
-    wasted = sum(e.kv_stats.shadow_blocks_wasted for e in engines) * block
     return {
-        "calls": len(records),
-        "switch_calls": len(switch),
-        "switch_ttft_mean_s": float(np.mean([r[3] for r in switch])) if switch else float("nan"),
-        "all_ttft_mean_s": float(np.mean([r[3] for r in records])) if records else float("nan"),
-        "switch_hit_rate": sum(r[2] for r in switch) / max(1, sum(r[1] for r in switch)),
-        "hit_rate": sum(r[2] for r in records) / max(1, sum(r[1] for r in records)),
+        **call_metrics(tickets),
         "shadow_tokens": sum(e.stats.shadow_tokens for e in engines),
-        "shadow_tokens_used": promoted,
-        "shadow_tokens_wasted": wasted,
+        "shadow_tokens_used": sum(e.kv_stats.shadow_blocks_promoted for e in engines) * block,
+        "shadow_tokens_wasted": sum(e.kv_stats.shadow_blocks_wasted for e in engines) * block,
         "wall_s": wall_s,
     }
 
@@ -198,9 +193,9 @@ def run_demo(args) -> int:
     # warm-up (first-call costs of torch and the kernels), then both policies on the same seed
     run_policy("harvest-slo", DemoConfig(sessions=2, calls=2, seed=cfg.seed + 100), device)
     results = {mode: run_policy(mode, cfg, device) for mode in ("none", "harvest-slo")}
-    rows = [("calls (switch calls)", lambda r: f"{r['calls']} ({r['switch_calls']})"),
-            ("switch-call TTFT, mean", lambda r: f"{r['switch_ttft_mean_s'] * 1e3:.1f} ms"),
-            ("all-call TTFT, mean", lambda r: f"{r['all_ttft_mean_s'] * 1e3:.1f} ms"),
+    rows = [("calls (switch calls)", lambda r: f"{r['num_calls']} ({r['num_switch_calls']})"),
+            ("switch-call TTFT, mean", lambda r: f"{r['switch_call_ttft_mean_s'] * 1e3:.1f} ms"),
+            ("all-call TTFT, mean", lambda r: f"{r['llm_call_ttft_mean_s'] * 1e3:.1f} ms"),
             ("switch-call prefix hit rate", lambda r: f"{r['switch_hit_rate']:.1%}"),
             ("all-call prefix hit rate", lambda r: f"{r['hit_rate']:.1%}"),
             ("shadow tokens computed", lambda r: f"{r['shadow_tokens']}"),

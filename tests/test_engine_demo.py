@@ -19,8 +19,8 @@ def test_demo_shadow_raises_switch_hit_rate():
                      normal_rate=2.0, normal_prompt=64, normal_output=2, seed=3)
     base = run_policy("none", cfg)
     shadow = run_policy("harvest-slo", cfg)
-    assert base["calls"] == shadow["calls"] == 12
-    assert base["switch_calls"] == shadow["switch_calls"] > 0
+    assert base["num_calls"] == shadow["num_calls"] == 12
+    assert base["num_switch_calls"] == shadow["num_switch_calls"] > 0
     assert base["shadow_tokens"] == 0
     assert shadow["shadow_tokens"] > 0 and shadow["shadow_tokens_used"] > 0
     assert shadow["shadow_tokens_used"] + shadow["shadow_tokens_wasted"] <= shadow["shadow_tokens"] + 16

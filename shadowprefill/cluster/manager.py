@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from shadowprefill.cluster.call_stats import CallTimes
 from shadowprefill.cluster.instance import ROLES, Instance, InstanceHandle  # noqa: F401  (Instance: public here)
 from shadowprefill.cluster.prior import NextModelPrior
 from shadowprefill.cluster.session import SessionState
@@ -47,7 +48,7 @@ class NoLiveInstance(RuntimeError):
 
 
 @dataclass
-class CallTicket:
+class CallTicket(CallTimes):
     """A routed call in flight: where it runs, which shadows its output streams into, and (once finished)
     its timings and token counts on the driver's clock (in-process backends)."""
 

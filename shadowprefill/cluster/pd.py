@@ -25,31 +25,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from shadowprefill.cluster.link import Link, LinkQueue
+
 PUSH_TOKENS = 4096              # §3.5: "pulls the shadow KV in 4K-token pushes"
 PD_SHADOW_ITERATION_S = 0.1     # §3.5: shadow iterations of at most 0.1 s on P instances
-
-
-class Link:
-    """A decode instance's inbound KV link: FIFO, `bytes_per_s` over all its GPUs."""
-
-    __slots__ = ("bytes_per_s", "free_at", "bytes_moved", "busy_s")
-
-    def __init__(self, bytes_per_s: float) -> None:
-        if not bytes_per_s > 0:
-            raise ValueError(f"link bandwidth must be > 0, got {bytes_per_s}")
-        self.bytes_per_s = bytes_per_s
-        self.free_at = 0.0
-        self.bytes_moved = 0
-        self.busy_s = 0.0
-
-    def reserve(self, now: float, nbytes: float) -> float:
-        """Queue a transfer of nbytes; returns its completion time."""
-        start = max(now, self.free_at)
-        duration = nbytes / self.bytes_per_s
-        self.free_at = start + duration
-        self.bytes_moved += int(nbytes)
-        self.busy_s += duration
-        return self.free_at
 
 
 class Disaggregation:
@@ -70,7 +49,7 @@ class Disaggregation:
         self.kv_bytes_per_token = dict(kv_bytes_per_token)
         self.push_tokens = push_tokens
         self.schedule = schedule
-        self.links = {id(d): Link(link_bw_per_gpu * d.gpus) for group in decode.values() for d in group}
+        self.links = {id(d): LinkQueue(Link(link_bw_per_gpu * d.gpus)) for group in decode.values() for d in group}
         self.sticky_decode: dict[tuple[str, str], object] = {}
         self.shadow_pushed_tokens = 0
         self.shadow_push_lost = 0                     # pushes abandoned because D evicted earlier pushes

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
+from shadowprefill.cluster.link import Link
+
 SITE_KINDS = ("end", "edge", "cloud")
 TIERS = ("device", "host", "remote")  # where a cache object lives at a site
 
@@ -37,29 +39,6 @@ class Site:
                 raise ValueError(f"{f} must be > 0, got {getattr(self, f)!r}")
         if self.prefill_price_per_token < 0:
             raise ValueError(f"prefill_price_per_token must be >= 0, got {self.prefill_price_per_token!r}")
-
-
-@dataclass(frozen=True)
-class Link:
-    """A network path between two sites: bandwidth, round-trip time, queueing delay, egress price."""
-
-    bandwidth_bytes_per_s: float
-    rtt_s: float = 0.0
-    queue_s: float = 0.0
-    price_per_byte: float = 0.0
-
-    def __post_init__(self):
-        if not self.bandwidth_bytes_per_s > 0:
-            raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {self.bandwidth_bytes_per_s!r}")
-        for f in ("rtt_s", "queue_s", "price_per_byte"):
-            if getattr(self, f) < 0:
-                raise ValueError(f"{f} must be >= 0, got {getattr(self, f)!r}")
-
-    def transfer_time_s(self, nbytes: float) -> float:
-        """Eq. 1: S/B + T_RTT + T_queue (copy/restore are overlapped with the transfer, §VI-B)."""
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
-        return nbytes / self.bandwidth_bytes_per_s + self.rtt_s + self.queue_s
 
 
 LOCAL_LINK = Link(bandwidth_bytes_per_s=math.inf)  # same site: no network hop

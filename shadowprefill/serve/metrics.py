@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from shadowprefill.cluster.call_stats import mean, percentile, token_hit_rate
+from shadowprefill.cluster.call_stats import call_metrics, percentile
 
 
 @dataclass
@@ -58,30 +58,10 @@ class ServeCall:
 def summarize(calls: Sequence[ServeCall]) -> dict:
     """The simulator's §5 call metrics over successful calls (see module docstring)."""
     ok = [c for c in calls if c.status == 200 and c.error is None]
-    switch = [c for c in ok if c.is_switch]
-    per_session: dict[tuple[str, str], float] = {}
-    for c in ok:
-        key = (c.tenant, c.session_id)
-        per_session[key] = per_session.get(key, 0.0) + c.latency
-    switch_ttft = [c.ttft for c in switch if c.ttft is not None]
-    return {
-        "num_calls": len(ok),
-        "num_switch_calls": len(switch),
-        "num_sessions": len(per_session),
-        "num_failed_calls": len(calls) - len(ok),
-        "switch_call_latency_mean_s": mean([c.latency for c in switch]),
-        "switch_call_latency_p50_s": percentile([c.latency for c in switch], 50),
-        "switch_call_latency_p99_s": percentile([c.latency for c in switch], 99),
-        "switch_call_ttft_mean_s": mean(switch_ttft),
-        "switch_call_ttft_p50_s": percentile(switch_ttft, 50),
-        "llm_call_latency_mean_s": mean([c.latency for c in ok]),
-        "llm_call_ttft_mean_s": mean([c.ttft for c in ok if c.ttft is not None]),
-        "same_model_call_latency_mean_s": mean([c.latency for c in ok if not c.is_switch]),
-        "llm_time_per_session_s": mean(list(per_session.values())),
-        "switch_hit_rate": token_hit_rate(switch),
-        "hit_rate": token_hit_rate(ok),
-        "same_model_hit_rate": token_hit_rate(c for c in ok if not c.is_switch),
-    }
+    out = call_metrics(ok)
+    out["num_failed_calls"] = len(calls) - len(ok)
+    out["switch_call_ttft_p50_s"] = percentile([c.ttft for c in ok if c.is_switch and c.ttft is not None], 50)
+    return out
 
 
 def summarize_by_policy(calls: Sequence[ServeCall]) -> dict[str, dict]:

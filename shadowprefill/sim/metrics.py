@@ -26,13 +26,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from shadowprefill.cluster.call_stats import mean, percentile, token_hit_rate
+from shadowprefill.cluster.call_stats import CallTimes, call_metrics
 
 from shadowprefill.model.catalog import get_model
 
 
 @dataclass
-class CallRecord:
+class CallRecord(CallTimes):
     """One routed LLM call of an agent session."""
 
     session_id: str
@@ -56,29 +56,13 @@ class CallRecord:
     def key(self) -> tuple[str, int]:
         return (self.session_id, self.call_index)
 
-    @property
-    def latency(self) -> float:
-        return self.finish - self.arrival
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.arrival
-
-    @property
-    def tpot(self) -> float:
-        return (self.finish - self.first_token) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
-
-    @property
-    def meets_slo(self) -> bool:
-        return self.ttft <= self.ttft_slo and self.tpot <= self.tpot_slo
-
     def cost(self) -> float:
         """USD of this call at its model's prices, cached input at 0.1x."""
         return get_model(self.model).token_cost(self.prompt_tokens, self.cached_tokens, self.output_tokens)
 
 
 @dataclass
-class NormalRecord:
+class NormalRecord(CallTimes):
     """One normal-traffic request; first_token / finish are None if it had not finished."""
 
     request_id: str
@@ -91,14 +75,6 @@ class NormalRecord:
     tpot_slo: float
     first_token: float | None = None
     finish: float | None = None
-
-    @property
-    def meets_slo(self) -> bool:
-        if self.finish is None or self.first_token is None:
-            return False
-        ttft = self.first_token - self.arrival
-        tpot = (self.finish - self.first_token) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
-        return ttft <= self.ttft_slo and tpot <= self.tpot_slo
 
 
 @dataclass
@@ -131,10 +107,6 @@ class RunResult:
 def summarize(run: RunResult, keys: "set[tuple[str, int]] | None" = None) -> dict:
     """The §5 metrics of one run, over its measured calls (restricted to `keys` when given)."""
     calls = [c for c in run.calls if c.measured and (keys is None or c.key in keys)]
-    switch = [c for c in calls if c.is_switch]
-    per_session: dict[str, float] = {}
-    for c in calls:
-        per_session[c.session_id] = per_session.get(c.session_id, 0.0) + c.latency
     window = run.window_s if run.window_s > 0 else math.nan
     normal_met = sum(1 for r in run.normal if r.meets_slo)
     routed_in_window = [c for c in run.calls if c.measured]
@@ -142,20 +114,7 @@ def summarize(run: RunResult, keys: "set[tuple[str, int]] | None" = None) -> dic
     tracked = run.extra.get("shadow_use_tracked", True)
     shadow_unused = max(0, run.shadow_tokens - run.shadow_tokens_used) if tracked else None
     return {
-        "num_calls": len(calls),
-        "num_switch_calls": len(switch),
-        "num_sessions": len(per_session),
-        "switch_call_latency_mean_s": mean([c.latency for c in switch]),
-        "switch_call_latency_p50_s": percentile([c.latency for c in switch], 50),
-        "switch_call_latency_p99_s": percentile([c.latency for c in switch], 99),
-        "switch_call_ttft_mean_s": mean([c.ttft for c in switch]),
-        "llm_call_latency_mean_s": mean([c.latency for c in calls]),
-        "llm_call_ttft_mean_s": mean([c.ttft for c in calls]),
-        "same_model_call_latency_mean_s": mean([c.latency for c in calls if not c.is_switch]),
-        "llm_time_per_session_s": mean(list(per_session.values())),
-        "switch_hit_rate": token_hit_rate(switch),
-        "hit_rate": token_hit_rate(calls),
-        "same_model_hit_rate": token_hit_rate(c for c in calls if not c.is_switch),
+        **call_metrics(calls),
         "token_cost": float(sum(c.cost() for c in calls)),
         "normal_requests": len(run.normal),
         "normal_slo_attainment": normal_met / len(run.normal) if run.normal else None,

@@ -32,7 +32,7 @@ from shadowprefill.cluster.workloads import Session, token_ids
 from shadowprefill.engine.clock import VirtualClock
 from shadowprefill.sim.deployment import NormalSource, SimConfig, azure_normal_source, build_instance
 from shadowprefill.sim.metrics import CallRecord, NormalRecord, RunResult
-from shadowprefill.sim.policies import get_policy
+from shadowprefill.sim.policies import Policy, get_policy
 
 _STEP, _CALL, _NORMAL, _WINDOW, _TIMER = 0, 1, 2, 3, 4
 
