@@ -88,11 +88,18 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "(the rest decode); default colocated")
     p.add_argument("--link-gbps", type=positive_float, default=50.0, help="P/D KV link GB/s per GPU (default 50)")
     p.add_argument("--jobs", type=positive_int, default=1, help="parallel processes")
+    add_admission_argument(p)
     p.add_argument("--router", default="replay", choices=ROUTERS,
                    help="replay|fixed: recorded routes; markov|random: re-route sessions up front (appendix C); "
                         "sticky|cache-aware: price each call at issue time by its warm prefix (issue #7)")
     p.add_argument("--router-knob", type=nonneg_float, help="sticky / cache-aware lam: a downgrade below the "
                    "recorded model must save more than this fraction of the call's price (default 1.0: never)")
+
+
+def add_admission_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--admission", choices=("fcfs", "routed-first"), default="fcfs",
+                   help="engines' admission order: fcfs (the paper's vLLM: routed and normal requests in one "
+                        "queue by arrival; the default) or routed-first (routed calls before normal traffic)")
 
 
 def add_ray_arguments(p: argparse.ArgumentParser) -> None:
@@ -191,7 +198,8 @@ def experiment_from_args(args, policies: str) -> "Experiment":
                       lengths=args.lengths, trace=args.trace, sessions_file=args.sessions,
                       session_rate=args.session_rate, capacity=_capacity(args.capacity),
                       sim={"shadow_targets": args.shadow_targets, "max_drain_s": args.max_drain,
-                           "pd_prefill": args.pd_prefill, "link_bw_per_gpu": args.link_gbps * 1e9})
+                           "pd_prefill": args.pd_prefill, "link_bw_per_gpu": args.link_gbps * 1e9,
+                           "admission": args.admission})
 
 
 def check_experiment(exp) -> None:

@@ -47,7 +47,7 @@ class StudySpec:
     """Which runs make up the study. `duration_s`: measured seconds per workload (warm-up `warmup_s` is
     added); `capacity`: requests/s per instance per model (skips calibration); `session_rate`: sessions/s (default:
     the workload's); `jobs`: parallel processes
-    (default: CPU count)."""
+    (default: CPU count); `admission`: the engines' admission order ("fcfs", the paper's; "routed-first")."""
 
     workloads: tuple[str, ...] = ("ghcp-coding", "fusionbench")
     pair: str = "Q2.5-7B/L3.1-70B"
@@ -61,6 +61,7 @@ class StudySpec:
     capacity: dict = field(default_factory=dict)
     session_rate: float | None = None
     jobs: int | None = None
+    admission: str = "fcfs"
 
     def __post_init__(self) -> None:
         if not self.workloads or not self.seeds or not self.windows:
@@ -78,7 +79,8 @@ class StudySpec:
         return [Experiment(workload=w, models=models, policies=list(self.policies),
                            duration_s=float(self.duration_s.get(w, 300.0)), warmup_s=self.warmup_s, rho=self.rho,
                            seed=s, window=win, capacity=dict(self.capacity),
-                           session_rate=self.session_rate, sim={"max_drain_s": self.max_drain_s})
+                           session_rate=self.session_rate,
+                           sim={"max_drain_s": self.max_drain_s, "admission": self.admission})
                 for w in self.workloads for s in self.seeds for win in self.windows]
 
 
@@ -282,7 +284,7 @@ def plot_policies(study: dict, out_dir: str | Path) -> Path:
 # ------------------------------------------------------------------------------------------------ CLI
 def register(subparsers) -> None:
     """Adds `shadowprefill demo` (the main job: the headline study at paper defaults, reduced length)."""
-    from shadowprefill.sim.cli import add_ray_arguments
+    from shadowprefill.sim.cli import add_admission_argument, add_ray_arguments
     from shadowprefill.usage import nonneg_float, positive_float, positive_int
     p = subparsers.add_parser("demo", help="the paper's headline comparison (GHCP-like and FusionBench-like "
                                            "workloads), printed beside the paper's numbers, with figures")
@@ -302,6 +304,7 @@ def register(subparsers) -> None:
                                       "paper's testbed: Qwen2.5-7B=12.8,Llama-3.1-70B=3.8)")
     p.add_argument("--jobs", type=positive_int, help="parallel processes (default: CPU count)")
     p.add_argument("--out", default="demo_out", help="directory for study.json and the figures")
+    add_admission_argument(p)
     add_ray_arguments(p)
     p.set_defaults(func=_demo)
 
@@ -320,7 +323,7 @@ def spec_from_args(args) -> StudySpec:
                      capacity=_capacity(args.capacity), windows=tuple(comma_list(args.windows)),
                      duration_s=duration, warmup_s=warmup, session_rate=args.session_rate,
                      policies=tuple(p.name for p in parse_policies("all" if getattr(args, "all_policies", False) else args.policies)),
-                     jobs=args.jobs)
+                     jobs=args.jobs, admission=getattr(args, "admission", "fcfs"))
     if any(s < 0 for s in spec.seeds):
         raise ValueError(f"--seeds must be integers >= 0, got {args.seeds!r}")
     spec.experiments()               # validates the pair

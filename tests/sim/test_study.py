@@ -165,3 +165,25 @@ def test_all_policies_spec_and_figure4(tmp_path):
         assert [b.get_height() for b in bars] == pytest.approx(want)
         markers = [ln for ln in ax.lines if ln.get_marker() == "D"]
         assert len(markers) == 2                                   # Harvest-SLO+Host's and Oracle+Host's
+
+
+def test_admission_reaches_every_engine():
+    """`--admission` (demo and simulate) sets the engines' admission order; FCFS is the default."""
+    import argparse
+
+    from shadowprefill.sim.cli import experiment_from_args, register as register_sim
+    from shadowprefill.sim.experiment import sim_config
+    from shadowprefill.sim.study import register, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    register(sub)
+    register_sim(sub)
+    for argv, want in ((["demo"], "fcfs"), (["demo", "--admission", "routed-first"], "routed-first")):
+        spec = spec_from_args(parser.parse_args(argv))
+        assert {sim_config(e).engine.admission for e in spec.experiments()} == {want}
+    args = parser.parse_args(["simulate", "--pair", "Q2.5-7B/L3.1-70B", "--out", "x.json",
+                              "--admission", "routed-first"])
+    assert sim_config(experiment_from_args(args, args.policies)).engine.admission == "routed-first"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--admission", "lifo"])
