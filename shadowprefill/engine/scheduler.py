@@ -341,11 +341,11 @@ class Scheduler:
         kv = self.kv
         if not kv.has_host_tier or batch.admission_blocked:
             return 0
-        issued = {id(r): n for r, n in batch.prefills}
-        room = self.config.token_budget
-        for r in self.running:                       # the running requests' tokens next iteration
-            rest = r.num_remaining - issued.get(id(r), 0)
-            room -= rest if rest > 0 else 1
+        # the running requests' tokens next iteration: a decode each, the rest of each prefill (a decode
+        # once it samples), at least one for each not scheduled now
+        room = self.config.token_budget - len(self.running) + len(batch.prefills)
+        for r, n in batch.prefills:
+            room -= max(r.num_remaining - n, 1)
         seats = self.config.max_seqs - len(self.running)
         for prio in ((Priority.ROUTED,) if self.fcfs else (Priority.ROUTED, Priority.NORMAL)):
             for r in self.waiting[prio]:

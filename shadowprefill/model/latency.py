@@ -13,6 +13,9 @@ An iteration holds prefill chunks (q new tokens on c cached ones) and decodes. P
 - Elementwise ops (SiLU·mul, RMSNorms, RoPE, residual adds) are bandwidth-bound.
 - Tensor parallelism splits heads and the intermediate size over `tp` GPUs and adds two all-reduces of
   T·hidden bf16 values per layer (ring: 2(w-1)/w of the bytes over NVLink).
+- Host-tier reloads (`overlapped_time`) come back layer by layer over PCIe while earlier layers compute:
+  an iteration of compute C reading a reload of R seconds costs max(C + R/L, R + C/L), not C + R
+  (`pipelined_reload_s`).
 
 Calibration (`H100`): GEMM, activation, norm and all-reduce constants were fitted by
 `python -m shadowprefill.sim.calibrate --vidur-dir ../shared/data/vidur-h100` on the H100 operator

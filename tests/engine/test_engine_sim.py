@@ -252,6 +252,44 @@ def test_reload_ahead_runs_during_the_previous_iteration():
     assert b.num_host_cached_tokens == 64 and b.num_cached_tokens == 64 and e.kv_stats.reloads == 4
 
 
+def test_reload_ahead_gives_its_pages_back_when_memory_is_short():
+    """A reload ahead holds pages for a waiting request; when the admission (or a running request) then
+    runs out of memory, those pages go back (cached, evictable) before anyone waits or is preempted."""
+    e, lat = host_engine(1e-4, token_budget=64)
+    e.add_request("long", toks(100, 7), 1)                 # 7 pages once prefilled: b's 6 do not fit beside
+    b = e.add_request("b", toks(70, 1) + toks(20, 3), 1)
+    first = e.schedule_step()
+    held = list(b.prefetch.block_ids)
+    assert first.batch.ahead_tokens == 64 and all(e.kv.ref_count(p) == 1 for p in held)
+    e.clock.advance(first.duration)
+    e.complete_step(first)
+    second = e.schedule_step()
+    assert second.batch.admission_blocked and b.status.value == "waiting" and b.prefetch is False
+    assert all(e.kv.ref_count(p) == 0 for p in held) and e.scheduler.prefetched == []
+    assert e.scheduler.num_preemptions == 0
+    e.clock.advance(second.duration)
+    e.complete_step(second)
+    while e.has_work():
+        e.step()
+    assert b.num_cached_tokens == 64 and e.kv.num_free_blocks + e.kv.num_cached_blocks == 12
+
+
+def test_a_running_request_takes_a_reload_aheads_pages_before_preempting():
+    e, lat = host_engine(1e-4, token_budget=64)
+    long = e.add_request("long", toks(128, 9), 3)          # 8 pages; its first decode needs a 9th
+    b = e.add_request("b", toks(70, 1) + toks(20, 3), 1)
+    for _ in range(2):                                     # long's two chunks; b reloaded ahead in the 2nd
+        e.step()
+    assert b.status.value == "waiting" and b.prefetch and e.kv.num_free_blocks + e.kv.num_cached_blocks == 0
+    it = e.schedule_step()                                 # long's decode grows: b's pages go back first
+    assert long in it.batch.decodes and b.prefetch is False and e.scheduler.num_preemptions == 0
+    e.clock.advance(it.duration)
+    e.complete_step(it)
+    while e.has_work():
+        e.step()
+    assert long.finish_reason == "length" and b.finish_reason == "length" and e.scheduler.num_preemptions == 0
+
+
 def test_eager_shadow_competes_as_normal_traffic():
     e = engine("eager")
     e.add_shadow("s", toks(3000, 1))
