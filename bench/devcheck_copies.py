@@ -1,6 +1,8 @@
 """Copy sections of bench/device_check.py: pack / unpack against a device copy, copy_blocks spill / reload
-of scattered pages against one contiguous pinned copy, and copy_blocks over 1 / 17 / 64 / 256 merged runs
-of small (16 KiB) and large (2 MiB) pages on each path (auto, copy engine only, gather kernel only).
+of scattered pages against one contiguous pinned copy, the layer-wise reload (kv/reload.py) overlapped with
+a matmul per layer against copy + compute and the pipeline model, and copy_blocks over 1 / 17 / 64 / 256
+merged runs of small (16 KiB) and large (2 MiB) pages on each path (auto, copy engine only, gather kernel
+only).
 
 Same signature as the attention sections: (table, device, ceilings, dry, deadline, results).
 """
@@ -12,6 +14,8 @@ import torch
 import devcheck_timing as timing
 from shadowprefill import ops
 from shadowprefill import triton_kernels as tk
+from shadowprefill.kv.reload import SideStream
+from shadowprefill.model.latency import pipelined_reload_s
 
 LLAMA_PAGE = (32, 2, 8, 16, 128)   # Llama-3-8B: 32 layers x K/V x 8 heads x 16 tokens x 128, bf16 = 2 MiB
 SMALL_PAGE = (1, 2, 4, 16, 64)     # one layer of a small model, bf16 = 16 KiB
@@ -88,6 +92,43 @@ def copy_blocks(table, device, ceil, dry, deadline, results):
             table.add("copy_blocks", f"{direction} {ids_kind} {moved} pages", rate / 1e9, "GB/s", None,
                       f"contiguous pinned {peer / 1e9:.1f} GB/s" if peer else "", rate / peer if peer else None,
                       f"{seconds * 1e3:.3f} ms for {nbytes / 2**20:.3g} MiB")
+            if (ids_kind, direction) == ("random", "h2d"):
+                reload_overlap(table, device, src, dst, src_ids, dst_ids, seconds, dry, deadline)
+
+
+def reload_overlap(table, device, host, gpu, src_ids, dst_ids, whole_s, dry, deadline):
+    """The layer-wise reload of the scattered pages (one copy and one event per layer on the side stream)
+    under a forward stand-in (matmuls sized so the compute about equals the copy, waiting on layer l's
+    event before layer l): measured against copy + compute and max(C + R/L, R + C/L) (latency model)."""
+    if time.time() > deadline:
+        table.add("copy_blocks", "layer-wise reload + compute", None, "", note="skipped: time budget")
+        return
+    layers = gpu.shape[1]
+    n = 64 if dry else 4096
+    a = torch.randn(n, n, device=device, dtype=gpu.dtype)
+    matmul_s = timing.median_seconds([lambda: a @ a], device, graph=False)
+    reps = max(1, round(whole_s / layers / matmul_s))
+
+    def compute(waits=None):
+        for layer in range(layers):
+            if waits is not None:
+                waits.wait(layer)
+            for _ in range(reps):
+                a @ a
+
+    def layer_wise():
+        side = SideStream(device)
+        batch = side.reload(host, gpu, src_ids.tolist(), dst_ids.tolist())
+        side.issue(batch)
+        compute(batch)
+
+    compute_s = timing.median_seconds([compute], device, graph=False)
+    seconds = timing.median_seconds([layer_wise], device, graph=False)
+    model = pipelined_reload_s(compute_s, whole_s, layers)
+    table.add("copy_blocks", f"layer-wise reload + compute ({layers} layers)", seconds * 1e3, "ms", None,
+              f"copy + compute {(whole_s + compute_s) * 1e3:.3f} ms", (whole_s + compute_s) / seconds,
+              f"pipeline model {model * 1e3:.3f} ms (measured / model {seconds / model:.2f}); copy "
+              f"{whole_s * 1e3:.3f} ms, compute {compute_s * 1e3:.3f} ms")
 
 
 def ids_with_runs(num_runs, total_pages, num_pages):

@@ -11,7 +11,8 @@ Order (most important first, so a run cut short by its budget still answers the 
      causal TFLOP/s, against torch SDPA's flash and cuDNN backends on the same problem;
   4. decode: batch 64 x 8K, 256 x 8K, 64 x 32K, 1 x 128K (GB/s of KV read vs the copy ceiling);
   5. pack / unpack (raw, fp8) of 256 Llama-3-8B pages vs the copy ceiling; copy_blocks spill / reload of
-     256 scattered pages vs one contiguous pinned copy;
+     256 scattered pages vs one contiguous pinned copy; their layer-wise reload under a per-layer matmul
+     (overlapped vs copy + compute and the latency model's pipeline);
   6. short chunks (128 / 256 / 512 tokens) on 16K / 32K / 64K of context: the shadow-prefill case;
   7. copy_blocks over 1 / 17 / 64 / 256 runs of 16 KiB and 2 MiB pages on each path (auto / memcpy / kernel);
   8. the other decode shapes, the mixed batch, and a tile sweep while time remains.

@@ -96,7 +96,7 @@ class KVCore {
   void give_back(int32_t b, bool lost);
   void retire_spills();
   int32_t cancel_spill(const H128& h);
-  void note_side_copy(const std::vector<int32_t>& pages, py::object event);
+  void note_side_copy(const std::vector<int32_t>& pages, py::object event, bool newest = true);
   py::object copy_pages(bool to_host, const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   py::object reload_into(std::vector<Item>& items, double now, bool shadow, bool promote, int64_t& shadow_entries);
   void unallocate(const std::vector<int32_t>& pages);

@@ -113,19 +113,19 @@ int32_t KVCore::cancel_spill(const H128& h) {
   py::object event = spill_event_[b];
   spilling_.remove(b);
   spill_event_[b] = py::object();
-  note_side_copy({b}, event);  // the device->host copy may still read it
+  note_side_copy({b}, event, false);  // the device->host copy may still read it (an older event)
   index_.set(h, b);
   pool_.ref[b] = 1;
   ++st_.spills_cancelled;
   return b;
 }
 
-void KVCore::note_side_copy(const std::vector<int32_t>& pages, py::object event) {
+void KVCore::note_side_copy(const std::vector<int32_t>& pages, py::object event, bool newest) {
   for (int32_t b : pages) {
     if (side_copy_.contains(b)) side_copy_.move_to_back(b); else side_copy_.push_back(b);
     side_event_[b] = event;
   }
-  last_event_ = event;
+  if (newest) last_event_ = event;  // the newest copy on the side stream: waiting on it covers every older one
 }
 
 py::object KVCore::copy_pages(bool to_host, const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {

@@ -8,12 +8,14 @@ duration in seconds.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from shadowprefill.kv.reload import ReloadBatch
 from shadowprefill.model.forward_batch import ForwardBatch
 
 
@@ -48,7 +50,8 @@ class ModelExecutor(Executor):
 
     def forward_batch(self, batch) -> ForwardBatch:
         """The ForwardBatch of a scheduled iteration: decodes, prefill chunks, shadow chunks; the rows that
-        sample are the scheduler's (`batch.samples`: decodes and the prefills with `samples_now`)."""
+        sample are the scheduler's (`batch.samples`: decodes and the prefills with `samples_now`); the
+        layer-wise reloads its pages wait for (`kv_ready`, see `reload_waits`)."""
         feeds, cached, tables, logits = [], [], [], []
         for r in batch.decodes:
             c = r.num_computed_tokens
@@ -67,21 +70,29 @@ class ModelExecutor(Executor):
             cached.append(chunk.start)
             tables.append(chunk.block_ids)
             logits.append(False)
-        return ForwardBatch.from_sequences(feeds, cached, tables, self.block_size, logits=logits, device=self.device)
+        return ForwardBatch.from_sequences(feeds, cached, tables, self.block_size, logits=logits, device=self.device,
+                                           kv_ready=self.reload_waits(batch))
 
-    def _wait_for_reloads(self, batch) -> None:
-        """Host-tier reloads run on a side stream: the compute stream waits on their events."""
-        events = [r.ready_event for r, _ in batch.prefills if r.ready_event is not None]
-        events += [c.ready_event for c in batch.shadow_chunks if c.ready_event is not None]
-        for ev in events:
-            if hasattr(ev, "wait"):
-                ev.wait()                         # torch.cuda.Event: current stream waits, host does not
+    @staticmethod
+    def reload_waits(batch) -> tuple:
+        """The side-stream copies the iteration's pages depend on, each once: layer-wise host-tier reloads
+        (ReloadBatch) are returned, for the forward to wait on layer l just before layer l's attention; any
+        other copy (a spill still reading a page hit meanwhile: a CUDA event) is waited on here, before
+        layer 0. The compute stream waits, never the host (on CPU the copies run in order when waited on)."""
+        events = {id(e): e for e in [r.ready_event for r, _ in batch.prefills]
+                  + [c.ready_event for c in batch.shadow_chunks] if e is not None}
         for r, _ in batch.prefills:
             r.ready_event = None
+        layered = []
+        for ev in events.values():
+            if isinstance(ev, ReloadBatch):
+                layered.append(ev)
+            elif hasattr(ev, "wait"):
+                ev.wait()                         # torch.cuda.Event: current stream waits, host does not
+        return tuple(layered)
 
     def execute(self, batch) -> ExecuteResult:
         start = time.perf_counter()
-        self._wait_for_reloads(batch)
         fb = self.forward_batch(batch)
         logits = self.model.forward(fb, self.kv_cache)
         tokens = logits.argmax(dim=-1).tolist() if logits.shape[0] else []   # greedy; tolist() syncs
@@ -93,9 +104,13 @@ class ModelExecutor(Executor):
 class SimulatedExecutor(Executor):
     """No tensors: the iteration's duration comes from `latency_model.iteration_time(prefill,
     decode_contexts)` (prefill chunks, shadow chunks included, as (new_tokens, cached_before); decodes as
-    context lengths). If the latency model also has `reload_time(num_tokens)`, the host-tier reloads of
-    the iteration's admissions and shadow chunks are added to it. Sampled tokens are `token_fn(request)`,
-    or `filler_token` for every sample (requests that replay a recorded output take theirs instead)."""
+    context lengths). If the latency model also has `overlapped_time(compute_s, reload_tokens, head_start_s)`
+    and `reload_time(tokens)`, host-tier reloads are charged as the layer-wise reload the real forward runs:
+    the iteration's reloads (`batch.reload_tokens`: its admissions' and shadow chunks') pipelined with its
+    compute, after whatever the side stream still copies; the reloads issued one iteration ahead
+    (`batch.ahead_tokens`) run behind them and are waited on by the iteration that admits their requests
+    (`batch.prefetched_tokens`). Sampled tokens are `token_fn(request)`, or `filler_token` for every sample
+    (requests that replay a recorded output take theirs instead)."""
 
     kv_cache = None
 
@@ -105,12 +120,15 @@ class SimulatedExecutor(Executor):
         self.latency_model = latency_model
         self.token_fn = token_fn
         self.filler_token = filler_token
+        self._overlap = getattr(latency_model, "overlapped_time", None)
         self._reload = getattr(latency_model, "reload_time", None)
+        self._side_free = -math.inf   # (virtual) time the side stream finishes the copies issued so far
+        self._ahead = None            # (start, tokens) of the reloads issued one iteration ahead
 
     def execute(self, batch) -> ExecuteResult:
         duration = float(self.latency_model.iteration_time(*batch.shape()))
-        if self._reload is not None and batch.reload_tokens:
-            duration += float(self._reload(batch.reload_tokens))
+        if self._overlap is not None and self._reload is not None:
+            duration = self._with_reloads(batch, duration)
         fn = self.token_fn
         if fn is None:
             return ExecuteResult([self.filler_token] * len(batch.samples), duration)
@@ -118,3 +136,22 @@ class SimulatedExecutor(Executor):
         if not {*map(type, tokens)} <= {int}:    # convert only what is not a plain int already
             tokens = [int(t) for t in tokens]
         return ExecuteResult(tokens, duration)
+
+    def _with_reloads(self, batch, compute: float) -> float:
+        """The iteration's duration with its reloads overlapped (latency.pipelined_reload_s), and the side
+        stream's timeline: this iteration's reloads first, then those issued ahead for the next one."""
+        now, overlap = batch.now, self._overlap
+        side = max(now, self._side_free)
+        duration = compute
+        if batch.reload_tokens:
+            duration = float(overlap(compute, batch.reload_tokens, now - side))
+            side += float(self._reload(batch.reload_tokens))
+        if batch.prefetched_tokens and self._ahead is not None:   # admissions whose reload was issued ahead
+            start, tokens = self._ahead
+            duration = max(duration, float(overlap(compute, tokens, now - start)))
+        self._ahead = None
+        if batch.ahead_tokens:
+            self._ahead = (side, batch.ahead_tokens)
+            side += float(self._reload(batch.ahead_tokens))
+        self._side_free = side
+        return duration

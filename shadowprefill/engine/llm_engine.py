@@ -5,6 +5,7 @@ One iteration, in the shape nano-vllm made familiar (DESIGN.md §5):
     batch  = scheduler.schedule(now)                  # decodes, prefill chunks, admissions
     budget = controller.plan(batch.view(...))         # Algorithm 1 lines 1-12 (shadow/controller.py)
     batch.shadow_chunks = take(jobs, budget, kv, now) # line 15 (shadow/jobs.py)
+    kv.start_reloads(); scheduler.prefetch(now, batch) # layer-wise reloads, then the next admissions' (ahead)
     result = executor.execute(batch)                  # a real forward, or a latency model's duration
     outputs = scheduler.postprocess(batch, tokens)    # tokens, finishes, prefix-cache registration
     complete(jobs, chunks, kv); controller.end_iteration(...); predictor.observe(...)
@@ -122,7 +123,7 @@ class LLMEngine:
                                  model_id=config.model_id)
         self.predictor = IterationPredictor(latency_model, forgetting=config.predictor_forgetting)
         self.latency_model = latency_model        # one model: t̂'s seed, host reloads (Alg. 1), placement estimates
-        self._reload_time = getattr(latency_model, "reload_time", None)
+        self._overlap = getattr(latency_model, "overlapped_time", None)
         self._host_transfer = getattr(latency_model, "host_transfer_time", None)
         tpot = config.tpot_slo_s if config.tpot_slo_s is not None else default_tpot_slo(
             self.predictor, minimum=config.min_tpot_slo_s, factor=config.slo_factor)
@@ -301,12 +302,13 @@ class LLMEngine:
         if self._in_flight is not None:
             raise RuntimeError("complete_step() the previous iteration first")
         now = self.clock.now()
+        kv = self.kv
+        kv.poll(now)                                  # retire completed side-stream copies
         batch = self.scheduler.schedule(now)
         if self.policy.runs_jobs:
             budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)))
             if len(self.jobs):
-                chunks = take(self.jobs, budget, self.kv, now,
-                              reload_time=self._reload_time)
+                chunks = take(self.jobs, budget, kv, now, overlap=self._overlap)
                 if chunks:
                     batch.shadow_chunks = chunks
                     batch.reload_tokens += sum(c.host_tokens for c in chunks)
@@ -315,6 +317,9 @@ class LLMEngine:
             # slack, credit) changes with time, so offer it again after a short pause, or on new work
             self._shadow_retry_at = now + SHADOW_RETRY_S
             return None
+        kv.start_reloads()                            # this iteration's layer-wise reloads, then those of
+        if self.scheduler.prefetch(now, batch):       # the next iteration's admissions behind them (issue 15)
+            kv.start_reloads()
         result = self.executor.execute(batch)
         self._in_flight = Iteration(batch, result.tokens, result.duration, now)
         return self._in_flight

@@ -55,7 +55,7 @@ class Request:
         "status", "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids",
         "num_committed_blocks", "num_cached_tokens", "num_host_cached_tokens", "first_token_time",
         "finish_time", "num_decode_iters", "num_preemptions", "ready_event", "finish_reason", "admitted",
-        "sched_stamp", "samples_now", "replay_token_ids",
+        "sched_stamp", "samples_now", "replay_token_ids", "prefetch",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, priority: Priority,
@@ -88,6 +88,7 @@ class Request:
         self.num_decode_iters = 0           # k_r: iterations completed since the first token (Eq. 1)
         self.num_preemptions = 0
         self.ready_event = None             # host-tier reload the next forward must wait on
+        self.prefetch = None                # waiting: its prefix reloaded ahead (a PrefixMatch), or False: tried
         self.finish_reason: str | None = None
         self.sched_stamp = -1               # the scheduler pass that last put it in a batch
         self.samples_now = False            # its chunk in the current batch samples a token

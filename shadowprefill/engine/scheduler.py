@@ -11,6 +11,11 @@ admission never preempts. Shadow work holds no pages between iterations (its pag
 entries), so it can never be the reason anyone waits or is preempted (Alg. 1 line 1: the controller adds
 shadow chunks after this, only if nothing waits and no admission was blocked).
 
+Reload-ahead (issue 15): once an iteration is built, `prefetch(now, batch)` matches the prefix of the
+waiting requests the next iteration will admit, so that the part of it on the host tier starts its
+layer-wise reload during this iteration; the request holds those pages until it is admitted (a running
+request short of memory, or a blocked admission, releases them first).
+
 `postprocess(batch, tokens, now)` applies an executed iteration: appends sampled tokens, records first-token
 times and decode iterations (the controller's Eq. 1 reads them), finishes requests, registers filled pages
 in the prefix cache and frees finished requests' pages.
@@ -21,6 +26,7 @@ import bisect
 from typing import Callable
 
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
+from shadowprefill.kv.manager import PrefixMatch
 from shadowprefill.shadow.view import IterationView
 
 ADMISSIONS = ("fcfs", "routed-first")
@@ -39,7 +45,8 @@ class ScheduledBatch:
     chunks). `samples` lists, in forward-batch order, the requests that sample a token this iteration."""
 
     __slots__ = ("now", "decodes", "prefills", "shadow_chunks", "samples", "waiting_nonempty",
-                 "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens", "_shape")
+                 "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens", "ahead_tokens",
+                 "prefetched_tokens", "_shape")
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -53,6 +60,8 @@ class ScheduledBatch:
         self.num_tokens = 0
         self.preempted: list[Request] = []
         self.reload_tokens = 0                            # prefix tokens reloaded from the host tier for it
+        self.ahead_tokens = 0                             # ... for the next iteration's admissions (prefetch)
+        self.prefetched_tokens = 0                        # its admissions' tokens reloaded ahead (last iteration)
         self._shape = None
 
     @property
@@ -104,6 +113,7 @@ class Scheduler:
         self.on_admit = on_admit                      # engine hook: stats of the prefix match
         self.num_preemptions = 0
         self._stamp = 0
+        self.prefetched: list[Request] = []          # waiting requests holding a reload-ahead (r.prefetch)
 
     # ------------------------------------------------------------------------------------------ queues
     def _queue(self, r: Request) -> list[Request]:
@@ -119,6 +129,7 @@ class Scheduler:
     def _enqueue(self, request: Request) -> None:
         """Queue a new or preempted request (in arrival order within its queue)."""
         request.status = RequestStatus.WAITING
+        request.prefetch = None
         bisect.insort(self._queue(request), request, key=lambda r: r.arrival_seq)
 
     def num_waiting(self) -> int:
@@ -131,6 +142,7 @@ class Scheduler:
         """Drop a request wherever it is; its pages go back to the pool."""
         if request.status is RequestStatus.WAITING:
             self._queue(request).remove(request)
+            self._drop_prefetch(request, now)
         elif request.status is RequestStatus.RUNNING:
             self._free(request, now)
             self.running.remove(request)
@@ -198,7 +210,8 @@ class Scheduler:
                 r = queue[0]
                 n = self._admit(r, limit - batch.num_tokens, now, batch)
                 if n == 0:
-                    batch.admission_blocked = True   # by memory
+                    batch.admission_blocked = True   # by memory: reloads ahead give their pages back
+                    self._release_prefetches(now)
                     break
                 queue.pop(0)
                 r.status = RequestStatus.RUNNING
@@ -230,6 +243,15 @@ class Scheduler:
         # Leave at least one token to compute: its logits give the next token.
         match = kv.match_prefix(r.all_token_ids, now=now, tenant=r.tenant, promote=routed,
                                 max_tokens=len(r.all_token_ids) - 1)
+        reload, ahead = match.host_tokens, r.prefetch
+        if ahead:       # reloaded ahead: those pages are on the device now, held by `match` too
+            self._drop_prefetch(r, now)
+            batch.prefetched_tokens += ahead.host_tokens
+            shadow = (ahead.shadow_tokens + match.shadow_tokens if routed     # promoted by the prefetch
+                      else max(ahead.shadow_tokens, match.shadow_tokens))
+            host = min(ahead.host_tokens + reload, match.num_tokens)          # (for the request's stats)
+            match = PrefixMatch(match.block_ids, match.num_tokens, match.num_tokens - host, host,
+                                min(shadow, match.num_tokens), match.ready_event)
         cached = match.num_tokens
         n = min(len(r.all_token_ids) - cached, budget)
         need = (cached + n + bs - 1) // bs - len(match.block_ids)
@@ -238,7 +260,8 @@ class Scheduler:
             victim = self._last_normal_running()
             if victim is None:
                 break
-            self._preempt(victim, now, batch)
+            if not self._release_prefetches(now):
+                self._preempt(victim, now, batch)
             new_blocks = kv.allocate(need, now=now)
         if new_blocks is None:
             kv.free(match.block_ids, now=now)
@@ -247,7 +270,7 @@ class Scheduler:
         r.num_computed_tokens = cached
         r.num_committed_blocks = cached // bs
         r.ready_event = match.ready_event
-        batch.reload_tokens += match.host_tokens
+        batch.reload_tokens += reload
         if not r.admitted:
             r.admitted = True
             r.num_cached_tokens = min(cached, r.num_prompt_tokens)
@@ -268,6 +291,8 @@ class Scheduler:
             if blocks is not None:
                 r.block_ids.extend(blocks)
                 return True
+            if self._release_prefetches(now):    # a reload ahead never costs a running request its pages
+                continue
             victim = self.running[-1]            # lowest rank: the newest (routed-first: normal first)
             self._preempt(victim, now, batch)
             if victim is r:
@@ -305,6 +330,63 @@ class Scheduler:
         if full > r.num_committed_blocks:   # (commit registers min(pages, computed // bs) pages: no list copies)
             self.kv.commit(r.block_ids, r.all_token_ids, now=now, tenant=r.tenant, num_tokens=computed)
             r.num_committed_blocks = full
+
+    # ------------------------------------------------------------------------------------- reload-ahead
+    def prefetch(self, now: float, batch: ScheduledBatch) -> int:
+        """Reload-ahead (issue 15): for the waiting requests the next iteration will admit (admission order,
+        while its token budget and seats last after the running requests' next tokens), match the prefix of
+        each that has host-tier pages, so their layer-wise reload runs during this iteration (issued after
+        this iteration's own reloads). Each request is looked at once per stay in the queue. Returns the
+        host tokens whose reload starts (batch.ahead_tokens)."""
+        kv = self.kv
+        if not kv.has_host_tier or batch.admission_blocked:
+            return 0
+        # the running requests' tokens next iteration: a decode each, the rest of each prefill (a decode
+        # once it samples), at least one for each not scheduled now
+        room = self.config.token_budget - len(self.running) + len(batch.prefills)
+        for r, n in batch.prefills:
+            room -= max(r.num_remaining - n, 1)
+        seats = self.config.max_seqs - len(self.running)
+        for prio in ((Priority.ROUTED,) if self.fcfs else (Priority.ROUTED, Priority.NORMAL)):
+            for r in self.waiting[prio]:
+                if room <= 0 or seats <= 0:
+                    return batch.ahead_tokens
+                seats -= 1
+                tokens = r.all_token_ids
+                cached = 0
+                if r.prefetch is None:
+                    r.prefetch = False
+                    limit = len(tokens) - 1
+                    dev, host = kv.peek_prefix(tokens, tenant=r.tenant, max_tokens=limit)
+                    cached = dev
+                    if host:
+                        m = kv.match_prefix(tokens, now=now, tenant=r.tenant, promote=r.priority is Priority.ROUTED,
+                                            max_tokens=limit)
+                        cached = m.num_tokens
+                        if m.host_tokens:
+                            r.prefetch = m
+                            self.prefetched.append(r)
+                            batch.ahead_tokens += m.host_tokens
+                        else:
+                            kv.free(m.block_ids, now=now)
+                elif r.prefetch:
+                    cached = r.prefetch.num_tokens
+                room -= len(tokens) - cached
+        return batch.ahead_tokens
+
+    def _drop_prefetch(self, r: Request, now: float) -> None:
+        if r.prefetch:
+            self.kv.free(r.prefetch.block_ids, now=now)
+            self.prefetched.remove(r)
+        r.prefetch = False
+
+    def _release_prefetches(self, now: float) -> bool:
+        """Give back every reload-ahead's pages (they stay cached, evictable); whether there were any."""
+        if not self.prefetched:
+            return False
+        for r in list(self.prefetched):
+            self._drop_prefetch(r, now)
+        return True
 
     # ------------------------------------------------------------------------------------- postprocess
     def postprocess(self, batch: ScheduledBatch, tokens: list[int], now: float) -> list[RequestOutput]:

@@ -2,10 +2,11 @@
 
 Pages evicted from the device (shadow and normal) are copied into pinned host memory of the same page shape
 and reloaded over PCIe when a prefix lookup hits them. The tier is an LRU of cache entries keyed by chained
-page hash (page_hash.py); when full it drops its least recently used page. Copies run on a side CUDA stream
-after it waited for the compute stream, each batch ends with an event: the pool hands a spilled device page
-out again only after its event completed, and the forward pass stream-waits on a reload's event (never the
-host). On CPU caches the copies are synchronous and no event is returned. Without a spec the tier is
+page hash (page_hash.py); when full it drops its least recently used page. Copies run on a side stream
+(reload.py's SideStream: on CUDA after it waited for the compute stream): a spill ends with an event and the
+pool hands a spilled device page out again only after it completed; reloads are layer-wise (reload.py), one
+event per layer, and the forward waits on layer l's just before layer l's attention (never the host). On CPU
+spills are synchronous (no event) and reloads run in order when waited on. Without a spec the tier is
 bookkeeping-only (the simulator): same decisions, no bytes.
 
 The entries (hash -> slot, LRU, classes) are a HostIndex (host_index.py); the pool's side (which pages are
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .host_index import make_host_index
+from .reload import ReloadBatch, SideStream
 
 DEFAULT_CAPACITY_BYTES = 32 * 2**30  # paper §3.3 / issue 4: 32 GiB of host memory per GPU
 
@@ -125,29 +127,42 @@ class HostTier:
             raise ValueError(f"host_tier: page_bytes {self.page_bytes} differs from the pool's {page_bytes}")
 
     def spill(self, kv_cache: torch.Tensor, block_ids: list[int], slots: list[int]):
-        """Copy device pages block_ids into host slots; returns a CUDA event (None if done synchronously)."""
-        return self._copy(kv_cache, self.cache, block_ids, slots, kv_cache)
-
-    def reload(self, kv_cache: torch.Tensor, slots: list[int], block_ids: list[int]):
-        """Copy host slots into device pages block_ids; returns a CUDA event (None if done synchronously)."""
-        return self._copy(self.cache, kv_cache, slots, block_ids, kv_cache)
-
-    def _copy(self, src, dst, src_ids, dst_ids, kv_cache):
-        if self.cache is None or not src_ids:
+        """Copy device pages block_ids into host slots, after every reload issued or open (stream order);
+        returns a CUDA event (None if done synchronously)."""
+        if self.cache is None or not block_ids:
             return None
         from shadowprefill.ops import copy_blocks  # ops sit below kv; imported on the first real copy
-        src_t = torch.tensor(src_ids, dtype=torch.int64)  # host ids: the copy reads them without a sync
-        dst_t = torch.tensor(dst_ids, dtype=torch.int64)
-        if not kv_cache.is_cuda:
-            copy_blocks(src, dst, src_t, dst_t)
+        side = self._side(kv_cache)
+        side.before_copy(block_ids, slots)
+        src_t = torch.tensor(block_ids, dtype=torch.int64)  # host ids: the copy reads them without a sync
+        dst_t = torch.tensor(slots, dtype=torch.int64)
+        if side.cuda is None:
+            copy_blocks(kv_cache, self.cache, src_t, dst_t)
             return None
-        device = kv_cache.device
-        side = self._side_streams.get(device)
-        if side is None:
-            side = self._side_streams[device] = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))  # the pages' last writers/readers are done
-        with torch.cuda.stream(side):
-            copy_blocks(src, dst, src_t, dst_t)
+        side.cuda.wait_stream(torch.cuda.current_stream(kv_cache.device))  # the pages' last writers are done
+        with torch.cuda.stream(side.cuda):
+            copy_blocks(kv_cache, self.cache, src_t, dst_t)
             event = torch.cuda.Event()
-            event.record(side)
+            event.record(side.cuda)
         return event
+
+    def reload(self, kv_cache: torch.Tensor, slots: list[int], block_ids: list[int]) -> ReloadBatch | None:
+        """Copy host slots into device pages block_ids, layer-wise: added to kv_cache's open ReloadBatch, the
+        event a reader waits on (None: bookkeeping only or nothing to copy)."""
+        if self.cache is None or not slots:
+            return None
+        return self._side(kv_cache).reload(self.cache, kv_cache, slots, block_ids)
+
+    def start_reloads(self, kv_cache: torch.Tensor) -> None:
+        """Issue kv_cache's open reload batch (the reloads matched since the last call), if any."""
+        if self.cache is not None:
+            side = self._side_streams.get(kv_cache.device)
+            batch = side.open.get(kv_cache.data_ptr()) if side is not None else None
+            if batch is not None:
+                side.issue(batch)
+
+    def _side(self, kv_cache: torch.Tensor) -> SideStream:
+        side = self._side_streams.get(kv_cache.device)
+        if side is None:
+            side = self._side_streams[kv_cache.device] = SideStream(kv_cache.device)
+        return side

@@ -46,7 +46,8 @@ class PrefixMatch:
     device_tokens: int          # matched on the device (incl. cancelled spills)
     host_tokens: int            # reloaded from the host tier into fresh pages
     shadow_tokens: int          # matched pages that were shadow-class pages
-    ready_event: object | None = None  # CUDA event the forward must stream-wait on before reading the pages
+    ready_event: object | None = None  # what the forward waits on before reading the pages: a layer-wise
+                                       # ReloadBatch (wait(layer)) or a spill's CUDA event (wait())
 
 
 def _check_int(value, name: str, low: int) -> int:
@@ -214,6 +215,13 @@ class KVCacheManager:
     def touch(self, block_ids, *, now: float) -> None:
         """Mark pages used now: cached ones become the most recently used of their class."""
         self._core.touch(block_ids, now)
+
+    def start_reloads(self) -> None:
+        """Issue the host-tier reloads matched since the last call as one layer-wise copy on the side stream
+        (one event per layer, kv/reload.py), so they start before the forward pass is enqueued. Reloads not
+        issued this way are issued by the first wait on them or the next spill. No-op without tensors."""
+        if self.kv_cache is not None and self.host_tier is not None:
+            self.host_tier.start_reloads(self.kv_cache)
 
     def poll(self, now: float) -> None:
         """Retire completed async copies: spilled device pages become free (CUDA; a no-op otherwise)."""

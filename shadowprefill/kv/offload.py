@@ -77,7 +77,7 @@ class HostOffload:
     def cancel(self, page_hash: int) -> int:
         """A page hit while its spill is in flight: out of the spill (the copy may still read it)."""
         b = self.spill_index.pop(page_hash)
-        self.note_side_copy((b,), self.spilling.pop(b)[0])
+        self.note_side_copy((b,), self.spilling.pop(b)[0], newest=False)   # an older event: last_event stays
         return b
 
     def forget(self, hashes) -> None:
@@ -95,12 +95,13 @@ class HostOffload:
             self.note_side_copy(pages, event)
         return event
 
-    def note_side_copy(self, pages, event) -> None:
+    def note_side_copy(self, pages, event, newest: bool = True) -> None:
         side_copy = self.side_copy
         for b in pages:
             side_copy[b] = event
             side_copy.move_to_end(b)
-        self.last_event = event
+        if newest:
+            self.last_event = event
 
     def pending_event(self, pages, skip=()):
         """The event a reader of `pages` (but those in `skip`) must wait on: a side copy into or out of one

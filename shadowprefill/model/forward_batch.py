@@ -29,7 +29,9 @@ class ForwardBatch:
     input_ids [T] int64, positions [T] int64 (absolute position of each new token), slot_mapping [T]
     int64 (block_id * block_size + offset where the token's K/V is written; negative = skip),
     block_table [S, max_blocks] int32, cu_seqlens_q [S+1] int32, seq_lens [S] int32, logits_indices [n]
-    int64 (rows of T whose logits are returned, in this order).
+    int64 (rows of T whose logits are returned, in this order). kv_ready: copies the forward waits on
+    layer by layer, objects with `wait(layer)` (kv.reload.ReloadBatch: a layer-wise host-tier reload); the
+    forward calls wait(l) on each just before layer l writes or reads the cache.
 
     Construction checks shapes, dtypes and devices (no device sync). `from_sequences` builds a batch from
     Python lists and also checks the values.
@@ -42,6 +44,7 @@ class ForwardBatch:
     cu_seqlens_q: torch.Tensor
     seq_lens: torch.Tensor
     logits_indices: torch.Tensor
+    kv_ready: tuple = ()
 
     def __post_init__(self) -> None:
         for name, dtype in _DTYPES.items():
@@ -82,20 +85,21 @@ class ForwardBatch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "ForwardBatch":
         """A copy with every tensor on `device`."""
         return ForwardBatch(**{name: getattr(self, name).to(device, non_blocking=non_blocking)
-                               for name in _DTYPES})
+                               for name in _DTYPES}, kv_ready=self.kv_ready)
 
     @classmethod
     def from_sequences(cls, new_token_ids: Sequence[Sequence[int]], num_cached: Sequence[int],
                        block_tables: Sequence[Sequence[int]], block_size: int,
                        logits: str | Sequence[bool] = "last", device: torch.device | str = "cpu",
-                       vocab_size: int | None = None, max_position: int | None = None) -> "ForwardBatch":
+                       vocab_size: int | None = None, max_position: int | None = None,
+                       kv_ready: tuple = ()) -> "ForwardBatch":
         """Build a batch from per-sequence lists.
 
         new_token_ids[s]: the tokens sequence s feeds this step (a prefill chunk, or one decode token);
         num_cached[s]: tokens of s whose K/V is already in its pages; block_tables[s]: its page ids, which
         must cover num_cached[s] + len(new_token_ids[s]) tokens. `logits`: "last" (last new token of every
         sequence), "all" (every row), "none", or one bool per sequence (its last new token or nothing).
-        `vocab_size` / `max_position`, when given, bound the token ids / positions.
+        `vocab_size` / `max_position`, when given, bound the token ids / positions. `kv_ready`: see the class.
         """
         num_seqs = len(new_token_ids)
         if len(num_cached) != num_seqs or len(block_tables) != num_seqs:
@@ -159,4 +163,5 @@ class ForwardBatch:
             cu_seqlens_q=tensor(cu_seqlens, torch.int32),
             seq_lens=tensor(seq_lens, torch.int32),
             logits_indices=tensor(logits_rows, torch.int64),
+            kv_ready=tuple(kv_ready),
         )

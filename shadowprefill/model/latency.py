@@ -13,6 +13,9 @@ An iteration holds prefill chunks (q new tokens on c cached ones) and decodes. P
 - Elementwise ops (SiLU·mul, RMSNorms, RoPE, residual adds) are bandwidth-bound.
 - Tensor parallelism splits heads and the intermediate size over `tp` GPUs and adds two all-reduces of
   T·hidden bf16 values per layer (ring: 2(w-1)/w of the bytes over NVLink).
+- Host-tier reloads (`overlapped_time`) come back layer by layer over PCIe while earlier layers compute:
+  an iteration of compute C reading a reload of R seconds costs max(C + R/L, R + C/L), not C + R
+  (`pipelined_reload_s`).
 
 Calibration (`H100`): GEMM, activation, norm and all-reduce constants were fitted by
 `python -m shadowprefill.sim.calibrate --vidur-dir ../shared/data/vidur-h100` on the H100 operator
@@ -101,6 +104,21 @@ def allreduce_s(nbytes, workers: int, gpu: GPUSpec, cal: Calibration = H100):
         if w <= workers:
             latency = lat
     return latency + nbytes * 2.0 * (workers - 1) / workers / (cal.allreduce_bw_eff * gpu.nvlink_bw)
+
+
+def pipelined_reload_s(compute_s, reload_s, num_layers: int, head_start_s=0.0):
+    """Seconds of an iteration of `compute_s` compute whose forward reads KV reloaded layer by layer
+    (issue 15): L = num_layers copies of r = reload_s / L each run in order on the side stream, layer l
+    computes c = compute_s / L once layer l-1 finished and its own copy arrived. With h = head_start_s (the
+    copy started that long before the iteration; negative: the side stream is busy -h longer):
+
+        E_l = max(E_{l-1}, (l+1)·r - h) + c,  E_{-1} = 0
+        T = E_{L-1} = max(L·c, max_j [(j+1)·r + (L-j)·c] - h) = max(C, max(C + R/L, R + C/L) - h)
+
+    (C = compute_s, R = reload_s; the max over j of a linear function sits at j = 0, the first layer's copy
+    exposed, or j = L-1, the copies bound and the last layer's compute exposed). So a reload shorter than
+    the compute costs only R/L beyond it, a longer one C/L beyond the copy, never C + R."""
+    return max(compute_s, max(compute_s + reload_s / num_layers, reload_s + compute_s / num_layers) - head_start_s)
 
 
 def linear_ops_breakdown_s(hidden_size, intermediate_size, num_heads, num_kv_heads, num_tokens, tp=1,
@@ -410,9 +428,19 @@ class LatencyModel:
         return tokens * self.kv_bytes_per_token_per_gpu / self.pcie_bw
 
     def reload_time(self, num_tokens: int) -> float:
-        """Seconds a batch waits for `num_tokens` of host-tier KV to come back before it can run (the
-        executor adds it to the iteration; the shadow controller counts it in its budget)."""
+        """Seconds the side stream needs to copy `num_tokens` of host-tier KV back (all layers)."""
         return num_tokens * self.kv_bytes_per_token_per_gpu / self.pcie_bw
+
+    def overlapped_time(self, compute_s: float, reload_tokens: int, head_start_s: float = 0.0) -> float:
+        """Seconds of an iteration of `compute_s` compute that reads `reload_tokens` of KV reloaded layer by
+        layer over the attention layers (`pipelined_reload_s` with R = reload_time(tokens), L = attention
+        layers): max(C, max(C + R/L, R + C/L) - head_start_s); compute_s when nothing is reloaded. The
+        SimulatedExecutor charges it for an iteration's reloads; the shadow controller's budget counts the
+        part beyond the compute (jobs.take)."""
+        if reload_tokens <= 0:
+            return compute_s
+        return pipelined_reload_s(compute_s, self.reload_time(reload_tokens), max(self.shape.attn_layers, 1),
+                                  head_start_s)
 
     def energy_j(self, busy_s: float, idle_s: float = 0.0) -> float:
         """Energy proxy of the instance's `tp` GPUs from busy and idle time."""

@@ -1,8 +1,9 @@
 """Llama-style decoder over a flattened variable-length batch, attending through the paged KV cache.
 
-Per layer: RMSNorm -> fused QKV projection -> RoPE at each token's position -> `ops.write_kv` of the new
-tokens' K/V into their pages -> `ops.paged_attention` (causal, GQA) over the cached context -> output
-projection -> residual; RMSNorm -> SwiGLU MLP -> residual. Logits are computed only for the rows the
+Per layer: RMSNorm -> fused QKV projection -> RoPE at each token's position -> a wait for this layer of
+the host-tier reloads (`batch.kv_ready`: later layers' copies overlap this layer's compute) -> `ops.write_kv`
+of the new tokens' K/V into their pages -> `ops.paged_attention` (causal, GQA) over the cached context ->
+output projection -> residual; RMSNorm -> SwiGLU MLP -> residual. Logits are computed only for the rows the
 batch asks for (`logits_indices`), so shadow-prefill chunks, which produce KV and no tokens, cost no LM
 head. `reference_logits` runs the same weights densely, with its own causal attention, for tests.
 """
@@ -165,7 +166,11 @@ class Llama(nn.Module):
         if batch.input_ids.device != self.device:
             raise ValueError(f"batch is on {batch.input_ids.device}, the model on {self.device}")
 
+        waits = batch.kv_ready
+
         def attend(layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            for copy in waits:                # layer-wise reload: this layer of its pages has arrived
+                copy.wait(layer_id)
             ops.write_kv(k, v, kv_cache, layer_id, batch.slot_mapping)
             return ops.paged_attention(q, kv_cache, layer_id, batch.block_table, batch.cu_seqlens_q,
                                        batch.seq_lens, self.scale, sliding_window=self.config.sliding_window)

@@ -9,7 +9,7 @@
                     sliding_window=None, softcap=None) -> out
     write_kv(key, value, kv_cache, layer, slot_mapping)
         the same two on this project's block-major cache [num_blocks, L, 2, Hkv, block_size, D]
-    copy_blocks(src, dst, src_block_ids, dst_block_ids)
+    copy_blocks(src, dst, src_block_ids, dst_block_ids, layers=None)
     pack_blocks(kv_cache, block_ids, layers=None, quant=None) -> (buf, scales)
     unpack_blocks(buf, scales, kv_cache, block_ids, layers=None)
 

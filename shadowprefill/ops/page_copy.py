@@ -1,8 +1,10 @@
-"""copy_blocks: copy whole pages between two caches of equal page shape, on any pair of devices.
+"""copy_blocks: copy whole pages (or one layer range of each) between two caches of equal page shape, on
+any pair of devices.
 
 This is the spill / reload path of the host tier (DESIGN.md §3, §5): a page holds all layers of
 block_size tokens contiguously, so page i is one contiguous byte range and runs of consecutive ids merge
-into one copy. CPU<->CPU runs in shadowprefill._C (multithreaded memcpy); anything touching CUDA runs in
+into one copy; a layer range of a page is one contiguous byte range too (the layer-wise reload copies
+layer l of every page, then layer l + 1, ...). CPU<->CPU runs in shadowprefill._C (multithreaded memcpy); anything touching CUDA runs in
 shadowprefill._C_cuda, enqueued on the current stream, and returns at once: runs of at least
 COPY_ENGINE_MIN_RUN_BYTES go to the copy engine (one cudaMemcpyAsync each), smaller ones to one gather
 kernel when there are at least KERNEL_MIN_RUNS of them (csrc/segments.h). `SHADOWPREFILL_COPY_PATH=
@@ -36,12 +38,14 @@ def host_ids(ids: torch.Tensor) -> torch.Tensor:
     return ids.to(device="cpu", dtype=torch.int64).contiguous()
 
 
-def _check_structure(src, dst, src_block_ids, dst_block_ids):
+def _check_structure(src, dst, src_block_ids, dst_block_ids, layer_start, layer_end):
     check.kv_cache(src, "src")
     check.kv_cache(dst, "dst")
     if src.shape[1:] != dst.shape[1:]:
         raise ValueError(f"dst: page shape {tuple(dst.shape[1:])} differs from src page shape {tuple(src.shape[1:])}")
     check.same_dtype(dst, "dst", src.dtype, "src")
+    check.integer(layer_start, "layers[0]", 0, src.shape[1])
+    check.integer(layer_end, "layers[1]", layer_start + 1, src.shape[1] + 1)
     check.block_ids(src_block_ids, "src_block_ids", (src.device, dst.device))
     check.block_ids(dst_block_ids, "dst_block_ids", (dst.device, src.device))
     check.shape(dst_block_ids, "dst_block_ids", src_block_ids.shape, "one destination per source id")
@@ -62,8 +66,8 @@ def _check_values(src, dst, src_ids, dst_ids, full: bool):
 
 @torch.library.custom_op("shadowprefill::copy_blocks", mutates_args=("dst",))
 def _copy_blocks_op(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.Tensor,
-                    dst_block_ids: torch.Tensor) -> None:
-    _check_structure(src, dst, src_block_ids, dst_block_ids)
+                    dst_block_ids: torch.Tensor, layer_start: int, layer_end: int) -> None:
+    _check_structure(src, dst, src_block_ids, dst_block_ids, layer_start, layer_end)
     src_ids, dst_ids = host_ids(src_block_ids), host_ids(dst_block_ids)
     on_cuda = src.device.type == "cuda" or dst.device.type == "cuda"
     full = _backend.value_checks_enabled(torch.device("cuda" if on_cuda else "cpu"))
@@ -72,12 +76,16 @@ def _copy_blocks_op(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.T
     if n == 0:
         return
     size = page_bytes(src)
-    args = (src.data_ptr(), dst.data_ptr(), src_ids.data_ptr(), dst_ids.data_ptr(), n, size, size, 0, 0, size)
+    layer_bytes = src.stride(1) * src.element_size()
+    offset, seg = layer_start * layer_bytes, (layer_end - layer_start) * layer_bytes   # all layers: the page
+    args = (src.data_ptr(), dst.data_ptr(), src_ids.data_ptr(), dst_ids.data_ptr(), n, size, size, offset, offset,
+            seg)
     bounds = dict(src_count=src.shape[0], dst_count=dst.shape[0])  # the extension re-checks the ids
     if src.device.type == "cpu" and dst.device.type == "cpu":
         _backend.cpu_extension().copy_segments(*args, num_threads=0, **bounds)
     elif _backend.backend_name() == "reference":
-        dst[dst_ids.to(dst.device)] = src[src_ids.to(src.device)].to(dst.device)
+        layers = slice(layer_start, layer_end)
+        dst[dst_ids.to(dst.device), layers] = src[src_ids.to(src.device), layers].to(dst.device)
     else:
         cuda_device = dst.device if dst.device.type == "cuda" else src.device
         stream = torch.cuda.current_stream(cuda_device)
@@ -88,13 +96,14 @@ def _copy_blocks_op(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.T
 
 
 @_copy_blocks_op.register_fake
-def _(src, dst, src_block_ids, dst_block_ids):
-    _check_structure(src, dst, src_block_ids, dst_block_ids)
+def _(src, dst, src_block_ids, dst_block_ids, layer_start, layer_end):
+    _check_structure(src, dst, src_block_ids, dst_block_ids, layer_start, layer_end)
 
 
 def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.Tensor,
-                dst_block_ids: torch.Tensor) -> None:
-    """dst[dst_block_ids[i]] = src[src_block_ids[i]] for every i (whole pages, all layers).
+                dst_block_ids: torch.Tensor, layers: tuple[int, int] | None = None) -> None:
+    """dst[dst_block_ids[i]] = src[src_block_ids[i]] for every i (whole pages, all layers; `layers=(start,
+    end)`: only layers start..end-1 of each page, one contiguous range per page).
 
     src and dst: block-major caches with equal page shape and dtype, on any devices (CUDA, pinned or
     pageable CPU). Ids: int32/int64, on the CPU (best: no sync) or a cache's device. Ids out of range are
@@ -107,4 +116,5 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_block_ids: torch.Tenso
     for x, name in ((src, "src"), (dst, "dst"), (src_block_ids, "src_block_ids"),
                     (dst_block_ids, "dst_block_ids")):
         check.tensor(x, name)
-    torch.ops.shadowprefill.copy_blocks(src, dst, src_block_ids, dst_block_ids)
+    start, end = check.layer_range(layers, src.shape[1] if src.dim() == 6 else 1)   # (the op reports a bad src)
+    torch.ops.shadowprefill.copy_blocks(src, dst, src_block_ids, dst_block_ids, start, end)

@@ -26,7 +26,9 @@ Readings we had to fix, since the paper leaves them open:
 - Line 10 with several jobs: jobs are taken in order (line 15); each gets the largest whole-page chunk
   that keeps t̂ within b given the chunks before it, at its own cached context, and chunks below n_min are
   deferred (appendix C: each chunk re-reads the whole cached context). `idle_cap_s` overrides βT.
-- A chunk whose cached prefix must come back from the host tier adds that reload time (`extra_s`) to t̂.
+- A chunk whose cached prefix must come back from the host tier reads it through a layer-wise reload
+  that overlaps the iteration's compute (issue 15): t̂ grows only by what the compute does not hide,
+  overlap(c, n) − c at the iteration's compute c with the chunk (`reload=`, ShadowBudget.reload_s).
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ class ShadowBudget:
     `n_min` is the smallest chunk worth running (line 12)."""
 
     __slots__ = ("seconds", "branch", "n_min", "_used_s", "tokens", "chunks", "_pred", "_ctl", "_marginal",
-                 "_token_room", "_seq_room", "_kv_room", "_view")
+                 "_token_room", "_seq_room", "_kv_room", "_view", "_batch_s")
 
     def __init__(self, seconds: float, branch: str, *, n_min: int = 0, predictor=None, base_s: float | None = 0.0,
                  token_room: int = 0, seq_room: int = 0, view: IterationView | None = None,
@@ -69,6 +71,7 @@ class ShadowBudget:
         self._marginal = branch == "credit"
         self._token_room, self._seq_room = token_room, seq_room
         self._kv_room = -1                       # line 11, read when first needed
+        self._batch_s = None                     # credit branch: t̂(B), read when first needed
 
     @property
     def used_s(self) -> float:
@@ -92,9 +95,45 @@ class ShadowBudget:
             room = min(room, self._kv_room - self.tokens)
         return room if self.chunks < self._seq_room else 0
 
-    def fits(self, context: int, extra_s: float = 0.0) -> int:
-        """Line 10: the largest chunk at `context` cached tokens (plus `extra_s` of reload) within b."""
-        return self._pred.max_chunk(self.used_s + extra_s, context, self.seconds)
+    @property
+    def iteration_s(self) -> float:
+        """t̂ of the whole iteration so far (the batch and the chunks taken): the compute a reload overlaps."""
+        if not self._marginal:
+            return self.used_s
+        if self._batch_s is None:
+            view = self._view
+            self._batch_s = self._pred.predict(view.prefill_pairs(), view.decode_contexts())
+        return self._batch_s + self.used_s
+
+    def reload_s(self, reload, tokens: int = 0, context: int = 0) -> float:
+        """The time a layer-wise host-tier reload adds beyond the compute that hides it, with a chunk of
+        `tokens` at `context` in the iteration. `reload` = (overlap, reload_tokens), overlap(compute_s, n) the
+        iteration's seconds (model.latency.LatencyModel.overlapped_time): overlap(c, n) − c at c =
+        iteration_s + the chunk's t̂ (the longer the compute, the less of the copy shows)."""
+        overlap, n = reload
+        c = self.iteration_s + (self._pred.chunk_time(tokens, context) if tokens else 0.0)
+        return overlap(c, n) - c
+
+    def fits(self, context: int, extra_s: float = 0.0, reload=None) -> int:
+        """Line 10: the largest chunk at `context` cached tokens (plus `extra_s`) within b. With `reload`
+        (see reload_s) the chunk's t̂ plus what its reload adds must fit; since that is non-decreasing in the
+        chunk (overlap is), the largest such k is found by bisection between the chunk that fits with the
+        reload's cost at no chunk (which only shrinks as the chunk grows) and the one that fits without it."""
+        pred, base = self._pred, self.used_s + extra_s
+        best = pred.max_chunk(base, context, self.seconds)
+        if reload is None:
+            return best
+
+        def ok(k: int) -> bool:
+            return base + pred.chunk_time(k, context) + self.reload_s(reload, k, context) <= self.seconds
+
+        lo = pred.max_chunk(base + self.reload_s(reload), context, self.seconds)
+        if not ok(lo):
+            return 0
+        while lo < best:                                     # ok(lo) holds; find the largest k <= best
+            mid = (lo + best + 1) // 2
+            lo, best = (mid, best) if ok(mid) else (lo, mid - 1)
+        return lo
 
     def read_kv_room(self, block_size: int) -> int:
         """Line 11: read the free shadow KV (once; whole pages) and return room() with it."""
@@ -114,10 +153,12 @@ class ShadowBudget:
         k -= k % block_size
         return k if k >= self.n_min else 0
 
-    def take(self, tokens: int, context: int, extra_s: float = 0.0) -> float:
-        """Record a chunk of `tokens` at `context` cached tokens (plus `extra_s`); returns its added t̂.
-        In the credit branch the added time is paid from the credit."""
+    def take(self, tokens: int, context: int, extra_s: float = 0.0, reload=None) -> float:
+        """Record a chunk of `tokens` at `context` cached tokens (plus `extra_s`, plus what its `reload` adds:
+        reload_s); returns its added t̂. In the credit branch the added time is paid from the credit."""
         added = self._pred.chunk_time(tokens, context) + extra_s
+        if reload is not None:
+            added += self.reload_s(reload, tokens, context)
         self._used_s = self.used_s + added
         self.tokens += tokens
         self.chunks += 1

@@ -224,12 +224,14 @@ class ShadowChunk:
         return f"ShadowChunk({self.job.session_id!r}, [{self.start}, {self.start + self.num_new}))"
 
 
-def take(queue: ShadowJobQueue, budget, kv, now: float, *, reload_time=None) -> list[ShadowChunk]:
+def take(queue: ShadowJobQueue, budget, kv, now: float, *, overlap=None) -> list[ShadowChunk]:
     """Algorithm 1 line 15: chunks from `queue`'s jobs by switch probability, each the largest whole-page
     chunk the `budget` (controller.ShadowBudget) allows at the job's cached context, until it is spent.
     `kv`: the instance's KVCacheManager (prefix match and shadow-class pages, references held by the
-    chunks until `complete`). `reload_time(tokens)`: seconds to bring a host-tier prefix back (counted in
-    the budget; no reload starts unless the chunk fits beside it).
+    chunks until `complete`). `overlap(compute_s, reload_tokens)`: an iteration's seconds when it reads a
+    host-tier prefix through a layer-wise reload (model.latency.LatencyModel.overlapped_time, which the
+    SimulatedExecutor charges too): the budget counts only what the reload adds beyond the compute
+    (ShadowBudget.reload_s), and no reload starts unless the chunk fits beside it.
 
     O(chunk) work per chunk, not O(context): a job keeps its chain between chunks, so its prefix is never
     re-hashed, and the chain remembers the pages it was found on (generation-checked by the manager), so a
@@ -238,7 +240,7 @@ def take(queue: ShadowJobQueue, budget, kv, now: float, *, reload_time=None) -> 
     if not budget.open or len(queue) == 0:
         return []
     bs, smallest = queue.block_size, budget.n_min
-    host_aware = reload_time is not None and kv.has_host_tier
+    host_aware = overlap is not None and kv.has_host_tier
     chunks: list[ShadowChunk] = []
     for job in queue.runnable(budget.n_min):
         if budget.room() < smallest:
@@ -255,15 +257,15 @@ def take(queue: ShadowJobQueue, budget, kv, now: float, *, reload_time=None) -> 
         if host_aware:
             dev, host = kv.peek_prefix(job.token_ids, tenant=job.tenant, max_tokens=limit, hashes=job.page_hashes)
             if host:        # no reload (match) unless the chunk fits beside it
-                k = min(limit - dev - host, budget.room(), budget.fits(dev + host, reload_time(host)))
+                k = min(limit - dev - host, budget.room(), budget.fits(dev + host, reload=(overlap, host)))
                 if k - k % bs < smallest:
                     job.num_cached = dev + host
                     continue
         match = kv.match_prefix(job.token_ids, now=now, tenant=job.tenant, shadow=True, max_tokens=limit,
                                 hashes=job.page_hashes)
         start = job.num_cached = match.num_tokens
-        reload = reload_time(match.host_tokens) if match.host_tokens and reload_time is not None else 0.0
-        k = min(limit - start, budget.room(), budget.fits(start, reload))                      # line 10
+        reload = (overlap, match.host_tokens) if match.host_tokens and overlap is not None else None
+        k = min(limit - start, budget.room(), budget.fits(start, reload=reload))               # line 10
         k -= k % bs                                                                             # whole pages
         if k < smallest:                                                                        # line 12
             kv.free(match.block_ids, now=now)
@@ -275,7 +277,7 @@ def take(queue: ShadowJobQueue, budget, kv, now: float, *, reload_time=None) -> 
         # the job's token list is only appended to (a rewrite replaces it): no O(context) snapshot copy
         chunks.append(ShadowChunk(job, start, k, match.block_ids + blocks, match.ready_event,
                                   match.host_tokens))
-        budget.take(k, start, reload)
+        budget.take(k, start, reload=reload)
         if not budget.open:                                                                     # b is spent
             break
     return chunks

@@ -11,12 +11,27 @@ from shadowprefill.engine.llm_engine import LLMEngine
 W = (2e-3, 2e-5, 1e-9, 1e-4, 1e-8)
 
 
+LAYERS = 4
+
+
+def pipeline(compute_s, reload_s, head_start_s=0.0, layers=LAYERS):
+    """A layer-wise reload by hand: copy l ends at (l+1)·R/L - head start, layer l computes C/L once layer
+    l-1 is done and its copy arrived."""
+    end = 0.0
+    for layer in range(layers):
+        end = max(end, (layer + 1) * reload_s / layers - head_start_s) + compute_s / layers
+    return end
+
+
 class LinearLatency:
-    """Exactly linear in the predictor's features, so predicted and simulated times agree."""
+    """Exactly linear in the predictor's features, so predicted and simulated times agree; with
+    `reload_s_per_token`, host-tier reloads overlap the compute layer by layer over LAYERS layers."""
 
     def __init__(self, reload_s_per_token=None):
         if reload_s_per_token is not None:
             self.reload_time = lambda tokens: reload_s_per_token * tokens
+            self.overlapped_time = lambda compute, tokens, head_start_s=0.0: pipeline(
+                compute, reload_s_per_token * tokens, head_start_s)
 
     def iteration_time(self, prefill, decode_contexts):
         return (W[0] + W[1] * sum(n for n, _ in prefill) + W[2] * sum(n * (c + n) for n, c in prefill)
@@ -184,10 +199,11 @@ def test_switch_call_cancels_its_shadow_job():
     assert e.stats.shadow_tokens == done
 
 
-def test_reload_time_hook_adds_host_transfer():
-    lat = LinearLatency(reload_s_per_token=1e-6)
-    e = LLMEngine(SimulatedExecutor(lat), EngineConfig(num_blocks=12, token_budget=512, host_tier_gib=1e-3,
-                                                       page_bytes=4096, tpot_slo_s=0.05))
+def host_engine(reload_s_per_token, token_budget=512):
+    """An engine whose request "a" (70 tokens) went to the host tier: 64 tokens (4 pages) to reload."""
+    lat = LinearLatency(reload_s_per_token=reload_s_per_token)
+    e = LLMEngine(SimulatedExecutor(lat), EngineConfig(num_blocks=12, token_budget=token_budget,
+                                                       host_tier_gib=1e-3, page_bytes=4096, tpot_slo_s=0.05))
     e.add_request("a", toks(70, 1), 1)
     while e.has_work():
         e.step()
@@ -195,14 +211,83 @@ def test_reload_time_hook_adds_host_transfer():
         e.add_request(f"x{i}", toks(150, 10 + i), 1)
         while e.has_work():
             e.step()
+    assert e.cached_prefix_tokens(toks(70, 1)) == (0, 64)
+    return e, lat
+
+
+def test_reload_is_charged_overlapped_with_the_compute():
+    e, lat = host_engine(1e-6)
     r = e.add_request("b", toks(70, 1) + toks(20, 3), 1)
     it = e.schedule_step()
     assert it.batch.reload_tokens == 64
-    want = lat.iteration_time(*it.batch.shape()) + 64 * 1e-6
-    assert it.duration == pytest.approx(want)
+    compute = lat.iteration_time(*it.batch.shape())
+    assert it.duration == pytest.approx(pipeline(compute, 64e-6))
+    assert it.duration == pytest.approx(compute + 64e-6 / LAYERS)   # shorter than the compute: R/L shows
     e.clock.advance(it.duration)
     e.complete_step(it)
     assert r.num_host_cached_tokens == 64 and r.num_cached_tokens == 64
+
+
+def test_reload_ahead_runs_during_the_previous_iteration():
+    """A waiting request the next iteration admits starts its reload one iteration early: the iteration
+    that issues it is not slowed, the one that admits it waits only for what is left of the copy."""
+    e, lat = host_engine(1e-4, token_budget=64)            # 6.4 ms to reload 64 tokens
+    e.add_request("long", toks(80, 7), 1)                  # takes the whole first budget
+    b = e.add_request("b", toks(70, 1) + toks(20, 3), 1)
+    first = e.schedule_step()
+    assert [(r.request_id, n) for r, n in first.batch.prefills] == [("long", 64)]
+    assert first.batch.ahead_tokens == 64 and first.batch.reload_tokens == 0
+    assert b.status.value == "waiting" and b.prefetch.host_tokens == 64 and e.kv_stats.reloads == 4
+    assert first.duration == pytest.approx(lat.iteration_time(*first.batch.shape()))
+    e.clock.advance(first.duration)
+    e.complete_step(first)
+    second = e.schedule_step()
+    assert [(r.request_id, n) for r, n in second.batch.prefills] == [("long", 16), ("b", 26)]
+    assert second.batch.reload_tokens == 0 and second.batch.prefetched_tokens == 64
+    compute = lat.iteration_time(*second.batch.shape())
+    assert second.duration == pytest.approx(pipeline(compute, 6.4e-3, head_start_s=first.duration))
+    assert compute < second.duration < compute + 6.4e-3      # the copy's first part ran under `first`
+    e.clock.advance(second.duration)
+    e.complete_step(second)
+    assert b.num_host_cached_tokens == 64 and b.num_cached_tokens == 64 and e.kv_stats.reloads == 4
+
+
+def test_reload_ahead_gives_its_pages_back_when_memory_is_short():
+    """A reload ahead holds pages for a waiting request; when the admission (or a running request) then
+    runs out of memory, those pages go back (cached, evictable) before anyone waits or is preempted."""
+    e, lat = host_engine(1e-4, token_budget=64)
+    e.add_request("long", toks(100, 7), 1)                 # 7 pages once prefilled: b's 6 do not fit beside
+    b = e.add_request("b", toks(70, 1) + toks(20, 3), 1)
+    first = e.schedule_step()
+    held = list(b.prefetch.block_ids)
+    assert first.batch.ahead_tokens == 64 and all(e.kv.ref_count(p) == 1 for p in held)
+    e.clock.advance(first.duration)
+    e.complete_step(first)
+    second = e.schedule_step()
+    assert second.batch.admission_blocked and b.status.value == "waiting" and b.prefetch is False
+    assert all(e.kv.ref_count(p) == 0 for p in held) and e.scheduler.prefetched == []
+    assert e.scheduler.num_preemptions == 0
+    e.clock.advance(second.duration)
+    e.complete_step(second)
+    while e.has_work():
+        e.step()
+    assert b.num_cached_tokens == 64 and e.kv.num_free_blocks + e.kv.num_cached_blocks == 12
+
+
+def test_a_running_request_takes_a_reload_aheads_pages_before_preempting():
+    e, lat = host_engine(1e-4, token_budget=64)
+    long = e.add_request("long", toks(128, 9), 3)          # 8 pages; its first decode needs a 9th
+    b = e.add_request("b", toks(70, 1) + toks(20, 3), 1)
+    for _ in range(2):                                     # long's two chunks; b reloaded ahead in the 2nd
+        e.step()
+    assert b.status.value == "waiting" and b.prefetch and e.kv.num_free_blocks + e.kv.num_cached_blocks == 0
+    it = e.schedule_step()                                 # long's decode grows: b's pages go back first
+    assert long in it.batch.decodes and b.prefetch is False and e.scheduler.num_preemptions == 0
+    e.clock.advance(it.duration)
+    e.complete_step(it)
+    while e.has_work():
+        e.step()
+    assert long.finish_reason == "length" and b.finish_reason == "length" and e.scheduler.num_preemptions == 0
 
 
 def test_eager_shadow_competes_as_normal_traffic():

@@ -1,6 +1,6 @@
 """The pool's handling of asynchronous spill/reload copies (the CUDA path), driven on the CPU by events the
-test completes by hand: HostTier copies run synchronously, then return a ManualEvent instead of None, which
-is exactly what the pool sees on CUDA (an event that is not yet complete). Checked: a spilled page is not
+test completes by hand: HostTier copies run synchronously (a layer-wise reload is waited on at once), then
+return a ManualEvent instead, which is exactly what the pool sees on CUDA (an event that is not yet complete). Checked: a spilled page is not
 handed out before its event completed; allocations do not over-evict while copies are in flight; a page hit
 while its spill is in flight is served from the device; a page still read by a copy is not freed early;
 reloads return the event the forward must wait on. On a GPU, test_host_tier.py runs the real thing."""
@@ -34,7 +34,9 @@ def make_pool(num_blocks=4, host_pages=8):
         copy = getattr(host, name)
 
         def async_copy(*args, _copy=copy):
-            _copy(*args)                       # the bytes move now (CPU) ...
+            batch = _copy(*args)               # the bytes move now (CPU) ...
+            if batch is not None:
+                batch.wait()
             events.append(ManualEvent())       # ... but the pool is told the copy is still running
             return events[-1]
         setattr(host, name, async_copy)
@@ -102,3 +104,22 @@ def test_reload_returns_the_event_to_wait_on():
     third = pool.match_prefix(toks, now=5)
     assert third.ready_event is None
     assert len(other) == 2
+
+
+def test_a_cancelled_spill_does_not_hide_a_newer_reload():
+    """The event a reader of recently copied pages waits on is the newest copy's: a spill cancelled after a
+    reload carries an older event, and waiting on it would let the forward read the reloaded pages early."""
+    pool, cache, events = make_pool()
+    cached(pool, [1, 2, 3, 4], now=0)
+    assert pool.allocate(4, now=1) is None                        # spills C's two pages
+    events[0].done = True
+    pool.poll(1)
+    pool.free(pool.allocate(4, now=1), now=1)                     # C on the host, four free pages
+    cached(pool, [5, 6, 7, 8], now=2)
+    assert pool.allocate(4, now=3) is None                        # V's spill in flight (events[1])
+    m = pool.match_prefix([1, 2, 3, 4], now=4)                    # C reloaded (events[2], newer)
+    assert m.host_tokens == 2 * BS and m.ready_event is events[2]
+    v = pool.match_prefix([5, 6, 7, 8], now=5)                    # V's spill cancelled: its older event
+    assert v.device_tokens == 2 * BS and pool.stats.spills_cancelled == 2
+    again = pool.match_prefix([1, 2, 3, 4], now=6)                # C's pages: their reload may still run
+    assert again.device_tokens == 2 * BS and again.ready_event is events[2]

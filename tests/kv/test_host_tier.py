@@ -133,8 +133,7 @@ def test_round_trip_device_host_device_is_byte_exact(device, dtype):
     pool.allocate(3, now=2)                                      # reloads land in other pages than before
     m = pool.match_prefix(toks, now=3)
     assert m.host_tokens == n_pages * 4 and pool.stats.reloads == n_pages and set(m.block_ids) != set(ids)
-    if m.ready_event is not None:
-        torch.cuda.current_stream().wait_event(m.ready_event)
+    m.ready_event.wait()                                         # the layer-wise reload: every layer
     got = cache[m.block_ids].cpu()
     assert torch.equal(got.view(torch.uint8), written.view(torch.uint8))
 
@@ -172,8 +171,7 @@ def test_paged_attention_identical_before_spill_and_after_reload(device):
     pool.free(hold, now=2)
     m = pool.match_prefix(toks, now=3)
     assert m.host_tokens == 4 * bs                              # the bytes come back from the host
-    if m.ready_event is not None:
-        torch.cuda.current_stream().wait_event(m.ready_event)
+    m.ready_event.wait()                                         # the layer-wise reload: every layer
     after = attend(m.block_ids + [ids[-1]])
     assert torch.equal(cache[ids[-1]].cpu().view(torch.int32), tail.cpu().view(torch.int32))
     assert not after.isnan().any()

@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from shadowprefill.kv.host_tier import HostTier
 from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.kv.native import native_available, native_module
+from shadowprefill.kv.reload import ReloadBatch
 from shadowprefill.kv.spec import KVCacheSpec
 
 from .test_page_hashes import reference_hashes
@@ -87,7 +88,9 @@ class Twin:
                 copy = getattr(self.host, name)
 
                 def async_copy(*args, _copy=copy):
-                    _copy(*args)
+                    batch = _copy(*args)
+                    if batch is not None:            # a layer-wise reload: its bytes move now
+                        batch.wait()
                     self.events.append(ManualEvent())
                     return self.events[-1]
                 setattr(self.host, name, async_copy)
@@ -96,6 +99,8 @@ class Twin:
         self.chains = {}
 
     def event_id(self, event):
+        if isinstance(event, ReloadBatch):          # CPU tensors: the layer-wise reload (copies run on demand)
+            return "reload", tuple(event.pages), event.issued, event.copied
         return None if event is None else next(i for i, e in enumerate(self.events) if e is event)
 
 

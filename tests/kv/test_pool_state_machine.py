@@ -5,7 +5,8 @@ pressure (allocate, scribble, free: evictions and spills), lookups that reload f
 time steps, on both KV cores (backend python and native). After every step: ref counts equal the owners, no writable page has two owners, every owned page
 still holds what its owner wrote (no in-use page evicted or overwritten), pages are partitioned into
 free / in use / cached / spilling, shadow pages <= cap, and every cached hash on the device or the host maps to
-bytes equal to what was written for that (tenant, prefix). Page contents are random per (tenant, prefix), so a
+bytes equal to what was written for that (tenant, prefix) once the copies pending on it ran (CPU reloads are
+layer-wise and run when waited on; the async variant queues every copy as CUDA would). Page contents are random per (tenant, prefix), so a
 page shared across tenants, or a stale page, fails the byte checks.
 """
 from collections import Counter
@@ -53,11 +54,20 @@ class PoolMachine(RuleBasedStateMachine):
     exact_can_allocate = True  # synchronous copies: can_allocate predicts allocate exactly
 
     def wait(self, event):
-        """The forward pass stream-waits on a reload's event before reading the pages."""
+        """The forward pass waits on a reload before reading the pages (on CPU the layer-wise reload's
+        copies run then, in order)."""
+        if event is not None:
+            event.wait()
 
     def pages_in_flight(self):
-        """(device pages, host slots) a pending copy will still write: their bytes are not defined yet."""
-        return set(), set()
+        """(device pages, host slots) a pending copy will still write: their bytes are not defined yet (on
+        CPU: the pages of reloads nobody waited on yet)."""
+        pages = set()
+        for side in self.host._side_streams.values():
+            for batch in [*side.open.values(), *side.pending]:
+                if batch.copied < batch.num_layers:
+                    pages |= set(batch.pages)
+        return pages, set()
 
     # ---- helpers -----------------------------------------------------------------------------------
     def page_content(self, tenant, prefix):

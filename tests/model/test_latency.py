@@ -12,7 +12,7 @@ import pytest
 from shadowprefill.model.catalog import get_model
 from shadowprefill.sim import calibrate
 from shadowprefill.model.gpus import GPUS, get_gpu
-from shadowprefill.model.latency import H100, LatencyModel, linear_ops_ms
+from shadowprefill.model.latency import H100, LatencyModel, linear_ops_ms, pipelined_reload_s
 
 VIDUR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vidur-h100"
 needs_vidur = pytest.mark.skipif(not VIDUR.is_dir(), reason=f"Vidur H100 profiles not found at {VIDUR}")
@@ -172,6 +172,32 @@ def test_helpers():
     assert m.decode_time(8, 100) == m.iteration_time([], [100] * 8)
     assert m.energy_j(10.0, 5.0) == pytest.approx(10 * 560 + 5 * 75)
     assert m.host_transfer_time(1000) == pytest.approx(1000 * 131072 / 50e9)
+
+
+def test_overlapped_reload_by_hand():
+    """Llama-3.1-8B on H100: 32 layers, 131072 KV bytes per token, PCIe at 50 GB/s, so 1,000 tokens take
+    R = 2.62144 ms to reload. Layer-wise, the iteration costs max(C + R/32, R + C/32) (head start h
+    subtracted, never below C), not C + R."""
+    m = LatencyModel("Llama-3.1-8B")
+    assert m.reload_time(1000) == pytest.approx(2.62144e-3)
+    assert m.overlapped_time(10e-3, 1000) == pytest.approx(10e-3 + 2.62144e-3 / 32)       # first copy shows
+    assert m.overlapped_time(1e-3, 10000) == pytest.approx(26.2144e-3 + 1e-3 / 32)        # copy-bound
+    assert m.overlapped_time(10e-3, 1000, head_start_s=5e-3) == pytest.approx(10e-3)      # reloaded ahead
+    assert m.overlapped_time(1e-3, 10000, head_start_s=20e-3) == pytest.approx(26.2144e-3 + 1e-3 / 32 - 20e-3)
+    assert m.overlapped_time(10e-3, 1000, head_start_s=-2e-3) == pytest.approx(12e-3 + 2.62144e-3 / 32)  # busy
+    assert m.overlapped_time(7e-3, 0) == 7e-3
+
+
+def test_pipelined_reload_matches_the_layer_by_layer_recurrence():
+    rng = random.Random(0)
+    for _ in range(500):
+        layers = rng.randrange(1, 80)
+        c, r, h = rng.uniform(0, 0.05), rng.uniform(0, 0.05), rng.uniform(-0.02, 0.05)
+        end = 0.0
+        for layer in range(layers):       # copy l arrives at (l+1)·R/L - h; layer l computes C/L after it
+            end = max(end, (layer + 1) * r / layers - h) + c / layers
+        assert pipelined_reload_s(c, r, layers, h) == pytest.approx(end, rel=1e-12, abs=1e-15)
+        assert max(c, r) - max(h, 0) <= pipelined_reload_s(c, r, layers, h) <= c + r + max(-h, 0)
 
 
 def test_engine_model_config_is_accepted():

@@ -19,11 +19,12 @@ def random_pool(num_blocks, dtype=torch.float16, device="cpu", pin=False):
     return pool.to(device)
 
 
-def check_copy(src, dst, src_ids, dst_ids):
+def check_copy(src, dst, src_ids, dst_ids, layers=None):
     expected = dst.cpu().clone()
+    part = slice(None) if layers is None else slice(*layers)
     for s, d in zip(src_ids.tolist(), dst_ids.tolist()):  # one page at a time
-        expected[d] = src[s].cpu()
-    copy_blocks(src, dst, src_ids, dst_ids)
+        expected[d, part] = src[s, part].cpu()
+    copy_blocks(src, dst, src_ids, dst_ids, layers=layers)
     if dst.is_cuda:
         torch.cuda.synchronize()
     assert torch.equal(bits(dst.cpu()), bits(expected))
@@ -53,6 +54,13 @@ def test_cpu_large_pool_and_large_copy():
     big_src = torch.randn(64, 2, 2, 8, 16, 128).half()   # 1 MiB pages
     big_dst = torch.zeros_like(big_src)
     check_copy(big_src, big_dst, torch.arange(64), torch.arange(64).flip(0))
+
+
+@pytest.mark.parametrize("layers", [(0, 1), (1, 2), (0, 2)])
+def test_cpu_layer_range_copies_only_those_layers(backend, layers):
+    """The layer-wise reload's copy: layers start..end-1 of each page, the other layers untouched."""
+    src, dst = random_pool(12, torch.float32), random_pool(12, torch.float32)
+    check_copy(src, dst, torch.tensor([3, 4, 5, 0]), torch.tensor([7, 8, 9, 2]), layers)   # a run and a page
 
 
 def test_same_cache_disjoint_pages():
@@ -158,5 +166,7 @@ def test_cuda_copies_on_every_path(monkeypatch, path, page_shape):
     dst_ids = torch.randperm(80)[:src_ids.numel()]
     check_copy(gpu, host, src_ids, dst_ids)
     check_copy(host, gpu, dst_ids, src_ids)
+    last = page_shape[0] - 1
+    check_copy(host, gpu, dst_ids, src_ids, layers=(last, last + 1))   # one layer (the layer-wise reload)
     for _ in range(3):  # reuse of the pinned staging ring
         check_copy(gpu, gpu.clone(), src_ids, dst_ids)

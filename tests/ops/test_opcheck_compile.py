@@ -25,7 +25,8 @@ def test_opcheck(backend, device):
     torch.library.opcheck(sp.paged_attention.default, attention + (0, 0.0))
     torch.library.opcheck(sp.paged_attention.default, attention + (4, 30.0))
     torch.library.opcheck(sp.write_kv.default, (key, key.clone(), pool, 0, slots))
-    torch.library.opcheck(sp.copy_blocks.default, (pool, torch.zeros_like(pool), ids, ids.flip(0)))
+    torch.library.opcheck(sp.copy_blocks.default, (pool, torch.zeros_like(pool), ids, ids.flip(0), 0, pool.shape[1]))
+    torch.library.opcheck(sp.copy_blocks.default, (pool, torch.zeros_like(pool), ids, ids.flip(0), 1, 2))
     for quant in (None, "fp8"):
         buf, scales = sp.pack_blocks(pool, ids, 0, 2, quant)
         torch.library.opcheck(sp.pack_blocks.default, (pool, ids, 0, 2, quant))

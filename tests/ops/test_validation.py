@@ -134,6 +134,9 @@ COPY_STRUCTURE = [
     (with_(C, dst_block_ids=torch.tensor([1, 2])), ValueError, "dst_block_ids"),
     (with_(C, dst_block_ids=torch.tensor([1, 2, 3], device="meta")), ValueError, "dst_block_ids"),
     (with_(C, src=None), TypeError, "src"),
+    (with_(C, layers=(1, 1)), ValueError, "layers"),
+    (with_(C, layers=(0, 3)), ValueError, "layers"),
+    (with_(C, layers=1), TypeError, "layers"),
 ]
 COPY_VALUES = [
     (with_(C, src_block_ids=torch.tensor([0, 8, 3])), "src_block_ids: id 8"),

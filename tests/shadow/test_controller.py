@@ -38,9 +38,9 @@ def t_hat(prefill, decode_contexts):
 class Harness:
     """The controller with a job queue and a KV cache manager, driven the way the engine drives them."""
 
-    def __init__(self, ctl, kv, jobs, reload_time=None):
+    def __init__(self, ctl, kv, jobs, overlap=None):
         self.ctl, self.kv, self.jobs = ctl, kv, jobs
-        self.reload_time = reload_time
+        self.overlap = overlap
         self.last_reload_tokens = 0
 
     def __getattr__(self, name):          # credit, delta, cap, branch_counts, tpot_slo ...
@@ -65,8 +65,7 @@ class Harness:
         return self.ctl.min_slack(self.view(b))
 
     def plan(self, b, now):
-        chunks = take(self.jobs, self.ctl.plan(self.view(b)), self.kv, now,
-                      reload_time=self.reload_time)
+        chunks = take(self.jobs, self.ctl.plan(self.view(b)), self.kv, now, overlap=self.overlap)
         b.reload_tokens += sum(c.host_tokens for c in chunks)
         return chunks
 
@@ -366,15 +365,32 @@ def test_engine_takes_default_slos_from_the_rule():
     assert r.ttft_slo == pytest.approx(default_ttft_slo(e.predictor, 5000, 2048))
 
 
-# ------------------------------------------------------------------------ host reloads count in t̂
+# ------------------------------------------------------------ host reloads count in t̂ (their exposed part)
+LAYERS = 4
+
+
+def pipeline(compute_s, reload_s, layers=LAYERS):
+    """The layer-wise reload by hand, layer by layer: copy l ends at (l+1)·R/L, layer l computes C/L once
+    layer l-1 is done and copy l arrived."""
+    end = 0.0
+    for layer in range(layers):
+        end = max(end, (layer + 1) * reload_s / layers) + compute_s / layers
+    return end
+
+
 class ReloadingLatency(LinearLatency):
-    """LinearLatency plus a host-tier reload cost per token (model.latency.LatencyModel has the same hook)."""
+    """LinearLatency plus a host-tier reload per token, overlapped layer-wise over LAYERS layers
+    (model.latency.LatencyModel.overlapped_time has the same hook)."""
 
     def __init__(self, seconds_per_token):
         self.seconds_per_token = seconds_per_token
 
     def reload_time(self, num_tokens):
         return num_tokens * self.seconds_per_token
+
+    def overlapped_time(self, compute_s, reload_tokens, head_start_s=0.0):
+        assert head_start_s == 0.0
+        return pipeline(compute_s, self.reload_time(reload_tokens))
 
 
 def make_with_host(seconds_per_token, num_blocks=1024):
@@ -384,7 +400,7 @@ def make_with_host(seconds_per_token, num_blocks=1024):
     jobs = ShadowJobQueue(BS)
     latency = ReloadingLatency(seconds_per_token)
     ctl = controller(latency=latency)
-    return Harness(ctl, kv, jobs, reload_time=latency.reload_time), kv, jobs
+    return Harness(ctl, kv, jobs, overlap=latency.overlapped_time), kv, jobs
 
 
 def spill_to_host(pool, toks):
@@ -396,8 +412,12 @@ def spill_to_host(pool, toks):
     assert pool.peek_prefix(toks) == (0, len(toks))
 
 
-@pytest.mark.parametrize("seconds_per_token", [10e-6, 25e-6, 45e-6])
-def test_host_reload_counts_in_the_budget(seconds_per_token):
+def chunk_s(k, cached):
+    return W[1] * k + W[2] * k * (cached + k)
+
+
+@pytest.mark.parametrize("seconds_per_token", [10e-6, 25e-6, 45e-6, 60e-6])
+def test_host_reload_counts_only_what_the_compute_does_not_hide(seconds_per_token):
     ctl, pool, jobs = make_with_host(seconds_per_token)
     hist = tokens(4096)
     spill_to_host(pool, hist[:512])
@@ -405,14 +425,35 @@ def test_host_reload_counts_in_the_budget(seconds_per_token):
     b = batch_of(1.0)
     chunks = ctl.plan(b, 1.0)
     reload = 512 * seconds_per_token
-    want = hand_tokens(0.5 * T, base=W[0] + reload, cached=512, pending=4096 - 512, room=2048, n_min=64)
-    assert planned(chunks) == want
-    if want == 0:      # the reload alone would overrun βT: nothing reloaded, the prefix stays on the host
+    fits = [k for k in range(BS, 2048 + 1, BS) if pipeline(W[0] + chunk_s(k, 512), reload) <= 0.5 * T]
+    want = max(fits, default=0) if max(fits, default=0) >= 64 else 0
+    serial = hand_tokens(0.5 * T, base=W[0] + reload, cached=512, pending=4096 - 512, room=2048, n_min=64)
+    assert planned(chunks) == want and want >= serial
+    if seconds_per_token == 45e-6:         # copy + compute would not fit at all; overlapped, 272 tokens do
+        assert (serial, want) == (0, 272)
+    if want == 0:      # even overlapped the reload overruns βT: nothing reloaded, the prefix stays on the host
         assert chunks == [] and b.reload_tokens == 0
         assert pool.peek_prefix(hist[:512]) == (0, 512)
     else:
         assert chunks[0].start == 512 and b.reload_tokens == 512
-        assert W[0] + reload + W[1] * want + W[2] * want * (512 + want) <= 0.5 * T
+
+
+def test_credit_pays_the_overlapped_reload():
+    """Credit branch: the shadow pays t̂(B + chunk with its reload) - t̂(B), the reload overlapping the whole
+    iteration's compute (the routed batch's too)."""
+    ctl, pool, jobs = make_with_host(20e-6)
+    hist = tokens(2048)
+    spill_to_host(pool, hist[:256])
+    jobs.upsert("s", hist, now=1.0)
+    ctl.credit = 0.01
+    b = batch_of(1.0, decodes=[decoding("r", 300, f=0.0, k=0, tpot=T, prio=Priority.ROUTED)])
+    batch_s = W[0] + W[3] + W[4] * 301
+    chunks = ctl.plan(b, 1.0)
+    reload = 256 * 20e-6
+    fits = [k for k in range(BS, 2048, BS) if pipeline(batch_s + chunk_s(k, 256), reload) - batch_s <= 0.01]
+    assert planned(chunks) == max(fits) and chunks[0].host_tokens == 256
+    paid = pipeline(batch_s + chunk_s(max(fits), 256), reload) - batch_s
+    assert ctl.credit == pytest.approx(0.01 - paid)
 
 
 def test_set_tpot_slo_moves_beta_T_unless_the_cap_is_fixed():

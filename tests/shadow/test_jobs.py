@@ -127,13 +127,13 @@ class StubBudget:
     def room(self):
         return self.left
 
-    def fits(self, context, extra_s=0.0):
+    def fits(self, context, extra_s=0.0, reload=None):
         return self.left
 
     def read_kv_room(self, block_size):
         return self.left
 
-    def take(self, tokens, context, extra_s=0.0):
+    def take(self, tokens, context, extra_s=0.0, reload=None):
         self.left -= tokens
 
 
