@@ -2,7 +2,7 @@
 
     1: if waiting queue nonempty or admission blocked then return 0
     3: else if B = ∅ then b ← βT                              (idle instance)
-    5: else if B holds a routed call then b ← min(credit, βT)  (C2, routed-step protection)
+    5: else if B holds a routed call then b ← min(credit, βT)  (C2, routed-step protection; capped by the budget)
     7: else b ← min(βT, min_{r∈B} σ_r)                       (C1, SLO slack)
    10: n ← max{n : t̂(B + n shadow tokens) ≤ b}
    11: n ← min(n, free shadow KV)
@@ -23,6 +23,10 @@ Readings we had to fix, since the paper leaves them open:
   own iteration time is not the shadow's to spend, and this is what bounds the routed calls' long-run
   slowdown by δ (§3.2). It accrues δ × the duration of decode-only iterations (Harvest-SLO, δ = 0.025) or
   of every busy iteration (Harvest, δ = 0.1, which uses the credit on every busy iteration, Table 2).
+- The credit is spent "capped by the budget" (§3.2), the budget being line 8's smallest slack in the batch:
+  under Harvest-SLO the chunks must also keep t̂(B + n) ≤ min_{r∈B} σ_r, so an iteration carrying a routed
+  call never pushes a request in it past its Eq. 1 line ("requests close to their deadline block it").
+  Line 6 alone would let the credit stretch routed iterations whose normal decodes are already late.
 - Line 10 with several jobs: jobs are taken in order (line 15); each gets the largest whole-page chunk
   that keeps t̂ within b given the chunks before it, at its own cached context, and chunks below n_min are
   deferred (appendix C: each chunk re-reads the whole cached context). `idle_cap_s` overrides βT.
@@ -216,7 +220,10 @@ class ShadowController:
         if not view.has_requests:                                              # line 3
             return self.cap, "idle"                                            # line 4
         if not policy.slo_slack or view.has_routed:                            # line 5 (Harvest: every busy it.)
-            return min(self.credit, self.cap), "credit"                        # line 6
+            b = min(self.credit, self.cap)                                     # line 6
+            if policy.slo_slack and b > 0.0:                                   # ... capped by the budget (§3.2)
+                b = min(b, self.min_slack(view) - self.predictor.predict(view.prefill_pairs(), view.decode_contexts()))
+            return b, "credit"
         return min(self.cap, self.min_slack(view)), "slo"                      # line 8
 
     def min_slack(self, view: IterationView) -> float:

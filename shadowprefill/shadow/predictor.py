@@ -7,9 +7,19 @@ A linear model over five features of a batch,
 with P the prefill-chunk tokens (n new tokens on top of c cached ones each, shadow chunks included),
 D the decodes and ctx their context lengths. It is seeded by least squares on synthetic batches timed
 by a latency model (so the first iterations are sane), then refitted online from observed iteration
-times by recursive least squares with forgetting, in relative error so short decode iterations count
-as much as long prefills. Predictions use non-negative coefficients, which keeps t̂ monotone in the
-number of shadow tokens, so "the largest n with t̂(B + n) <= b" is a closed-form root.
+times, in relative error so short decode iterations count as much as long prefills. Predictions use
+non-negative coefficients (a non-negative least-squares fit), which keeps t̂ monotone in the number of
+shadow tokens, so "the largest n with t̂(B + n) <= b" is a closed-form root.
+
+The refit is exponentially weighted least squares with stabilized forgetting: each observation's
+information decays by `forgetting`, and the seed's information is kept at `prior_weight` observations'
+worth instead of decaying to nothing. A serving instance excites only some directions of the feature
+space for long stretches (decode-only iterations; prefill chunks on short contexts): plain forgetting
+(RLS) lets the uncertainty in the other directions grow without bound, so the next rare batch moves the
+coefficients arbitrarily (t̂ of a 256-token chunk on 32K cached tokens swung 0.6-12x around the truth in
+`test_refit_does_not_wind_up_on_decode_heavy_traffic`), and t̂ admitted shadow chunks that ran an iteration
+up to 4x past its budget b. With the seed kept, directions the recent iterations do not excite
+stay at the seed's fit, and the ones they do excite follow the machine.
 
 The seed is any object with `iteration_time(prefill, decode_contexts)`: the project's roofline
 (`model.latency.LatencyModel`), or the measured step times of another engine. The predictor is engine-free
@@ -56,24 +66,77 @@ def _seed_batches(max_context: int) -> list[tuple[list, list]]:
     return batches
 
 
-class IterationPredictor:
-    """t̂: linear iteration-time model, seeded from a latency model, refitted online (RLS)."""
+def nnls_normal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin_{θ >= 0} θᵀaθ − 2bᵀθ for a symmetric positive definite `a` (least squares with non-negative
+    coefficients, given its normal equations): Lawson-Hanson active set, 5 unknowns here."""
+    n = len(b)
+    try:
+        theta = np.linalg.solve(a, b)
+    except np.linalg.LinAlgError:
+        theta = None
+    if theta is not None and (theta >= 0).all():              # the common case: nothing to clamp
+        return theta
+    tol = 1e-12 * max(float(np.abs(b).max()), 1e-300)
+    passive = np.zeros(n, dtype=bool)
+    theta = np.zeros(n)
+    for _ in range(3 * n):
+        grad = b - a @ theta                                  # minus half the gradient
+        grad[passive] = -np.inf
+        j = int(np.argmax(grad))
+        if not grad[j] > tol:
+            break                                             # KKT: no clamped coefficient wants to grow
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            idx = np.flatnonzero(passive)
+            z[idx] = np.linalg.solve(a[np.ix_(idx, idx)], b[idx])
+            if (z[idx] > 0).all():
+                theta = z
+                break
+            neg = passive & (z <= 0)                          # step back to the feasible boundary
+            alpha = np.min(theta[neg] / (theta[neg] - z[neg]))
+            theta = theta + alpha * (z - theta)
+            passive &= theta > 0
+            theta[~passive] = 0.0
+    return theta
 
-    def __init__(self, latency_model: LatencyModel, *, forgetting: float = 0.995, max_context: int = 32768) -> None:
+
+class IterationPredictor:
+    """t̂: linear iteration-time model, seeded from a latency model, refitted online.
+
+    `forgetting` λ: the weight an observation keeps per later observation (a memory of about 1/(1−λ)
+    iterations). `prior_weight` κ: the seed's batches count as κ observations that forgetting never removes,
+    timed at the machine's speed relative to the seed (`speed_ratio`, tracked online), so a machine that is
+    uniformly faster or slower than the seed is tracked without bias, and the coefficients the recent
+    iterations do not determine keep the seed's shape."""
+
+    def __init__(self, latency_model: LatencyModel, *, forgetting: float = 0.995, max_context: int = 32768,
+                 prior_weight: float = 1.0) -> None:
         if not callable(getattr(latency_model, "iteration_time", None)):
             raise TypeError("latency_model must have an iteration_time(prefill, decode_contexts) method, got "
                             f"{type(latency_model).__name__}")
         self.latency_model = latency_model
         if not 0.5 <= forgetting <= 1.0:
             raise ValueError(f"forgetting must be in [0.5, 1], got {forgetting}")
+        if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) or \
+                not 0 < prior_weight < math.inf:
+            raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight!r}")
         self.forgetting = forgetting
         self.num_observations = 0
-        self._theta = self._seed_fit(max_context)
-        self._P = np.eye(5) * 1.0
+        x = self._seed_rows(max_context)
+        # κ seed observations' information (normal equations of the relative-error least squares)
+        self._seed_info = x.T @ x * (prior_weight / len(x))
+        self._seed_rhs = x.sum(axis=0) * (prior_weight / len(x))
+        self._info, self._rhs = self._seed_info.copy(), self._seed_rhs.copy()
+        self._theta = nnls_normal(self._info, self._rhs)
         self._set_weights()
+        self._seed_w = self.coefficients
+        self._ratio = [0.0, 0.0]         # forgetting-weighted sums of observed / seed-predicted time, and of 1
+        self.speed_ratio = 1.0           # ρ: observed over seed-predicted iteration time
 
     # --------------------------------------------------------------------------------------- fitting
-    def _seed_fit(self, max_context: int) -> np.ndarray:
+    def _seed_rows(self, max_context: int) -> np.ndarray:
+        """Scaled features of the synthetic batches, in relative error (each row over its time)."""
         rows, ys = [], []
         for prefill, decodes in _seed_batches(max_context):
             y = float(self.latency_model.iteration_time(prefill, decodes))
@@ -82,19 +145,7 @@ class IterationPredictor:
                 ys.append(y)
         if not rows:
             raise ValueError("latency_model returned no positive finite iteration times")
-        x = np.asarray(rows, dtype=np.float64) * _SCALE
-        y = np.asarray(ys)
-        x, y = x / y[:, None], np.ones_like(y)          # relative error
-        active = np.ones(5, dtype=bool)                 # non-negative least squares by elimination
-        theta = np.zeros(5)
-        for _ in range(5):
-            sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-            theta[:] = 0.0
-            theta[active] = sol
-            if (theta >= 0).all():
-                break
-            active &= theta > 0
-        return np.maximum(theta, 0.0)
+        return np.asarray(rows, dtype=np.float64) * _SCALE / np.asarray(ys)[:, None]
 
     def _set_weights(self) -> None:
         w = np.maximum(self._theta, 0.0) * _SCALE
@@ -106,19 +157,29 @@ class IterationPredictor:
         self.observe_features(batch_features(prefill, decode_contexts), duration)
 
     def observe_features(self, features: tuple, duration: float) -> None:
-        """RLS update (forgetting factor λ) on one observation, weighted by 1/duration."""
+        """One observation, weighted by 1/duration (relative error): the information decays by λ and gains
+        the observation's and the (1−λ) share of the seed's at speed ρ that keeps the seed at κ observations
+        (stabilized forgetting: nothing winds up where recent iterations carry no information); then the
+        non-negative least-squares refit."""
         if not duration > 0 or not math.isfinite(duration):
             return
-        # elementwise (f * scale) / duration in float64, as numpy computes it, without temporaries
         x = np.array([1.0 / duration] + [float(f) * s / duration for f, s in zip(features, _SCALE_LIST[1:])])
         lam = self.forgetting
-        px = self._P @ x
-        gain = px / (lam + float(x @ px))                # (scalars as Python floats: the same float64 ops)
-        self._theta = self._theta + gain * (1.0 - float(x @ self._theta))
-        self._P = (self._P - gain[:, None] * px) / lam  # outer product
-        trace = self._P.trace()
-        if trace > 1e6:                                  # no wind-up in unexcited directions
-            self._P *= 1e6 / trace
+        sw, ratio = self._seed_w, self._ratio
+        seed_t = sw[0] + sw[1] * features[0] + sw[2] * features[1] + sw[3] * features[2] + sw[4] * features[3]
+        if seed_t > 0:
+            ratio[0] = lam * ratio[0] + duration / seed_t
+            ratio[1] = lam * ratio[1] + 1.0
+            self.speed_ratio = ratio[0] / ratio[1]
+        keep = (1.0 - lam) / self.speed_ratio              # the seed's rows timed at ρ × their seed time
+        info, rhs = self._info, self._rhs
+        info *= lam
+        info += np.outer(x, x)
+        info += self._seed_info * (keep / self.speed_ratio)
+        rhs *= lam
+        rhs += x
+        rhs += self._seed_rhs * keep
+        self._theta = nnls_normal(info, rhs)
         self.num_observations += 1
         self._set_weights()
 

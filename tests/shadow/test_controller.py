@@ -191,9 +191,10 @@ def test_routed_call_spends_credit(credit):
     ctl, pool, jobs = make()
     jobs.upsert("s", tokens(4096), now=0.0)
     ctl.credit = credit
-    routed = decoding("r", 300, f=0.0, k=0, tpot=T, prio=Priority.ROUTED)
-    normal = decoding("n", 500, f=0.9, k=1, tpot=T)
+    routed = decoding("r", 300, f=0.99, k=0, tpot=T, prio=Priority.ROUTED)   # σ = 0.045 - 0.01 = 0.035 s
+    normal = decoding("n", 500, f=0.9, k=3, tpot=T)                          # σ = 0.18 - 0.1 = 0.08 s
     b = batch_of(1.0, decodes=[routed, normal])
+    assert ctl.min_slack(b, 1.0) - t_hat(*batch_shape(b)) > 0.5 * T             # the slack does not bind
     b_sec = min(credit, 0.5 * T)
     assert ctl.budget(b, 1.0) == (pytest.approx(b_sec), "credit")
     chunks = ctl.plan(b, 1.0)
@@ -203,6 +204,36 @@ def test_routed_call_spends_credit(credit):
     added = W[1] * want + W[2] * want * want
     assert ctl.credit == pytest.approx(credit - added)
     assert ctl.credit >= 0
+
+
+def test_credit_is_capped_by_the_slack_of_the_batch():
+    """§3.2: the credit is spent "capped by the budget": t̂(B + n) may not exceed min σ_r of the batch."""
+    ctl, pool, jobs = make()
+    jobs.upsert("s", tokens(4096), now=0.0)
+    ctl.credit = 0.010
+    now = 10.0
+    routed = decoding("r", 300, f=9.99, k=0, tpot=T, prio=Priority.ROUTED)  # σ = 0.045 - 0.01 = 0.035 s
+    normal = decoding("n", 500, f=9.468, k=11, tpot=T)                      # σ = 0.54 - 0.532 = 0.008 s
+    b = batch_of(now, decodes=[routed, normal])
+    base = W[0] + 2 * W[3] + W[4] * (301 + 501)                             # t̂(B), by hand
+    b_sec = 0.9 * 0.05 * 12 - (now - 9.468) - base                         # min σ - t̂(B) = 5.79 ms < credit
+    assert 0 < b_sec < 0.010
+    assert ctl.budget(b, now) == (pytest.approx(b_sec), "credit")
+    chunks = ctl.plan(b, now)
+    want = hand_tokens(b_sec, base=0.0, cached=0, pending=4096, room=2048 - 2, n_min=64)
+    assert want > 0 and planned(chunks) == want
+    assert base + W[1] * want + W[2] * want * want <= 0.9 * 0.05 * 12 - (now - 9.468)
+    assert ctl.credit == pytest.approx(0.010 - W[1] * want - W[2] * want * want)
+
+    # a normal request already past its Eq. 1 line blocks the credit (σ = 0.495 - 0.5 < 0)
+    jobs2 = ShadowJobQueue(BS)
+    jobs2.upsert("s2", tokens(4096, salt=1), now=0.0)
+    ctl.jobs = jobs2
+    ctl.credit = 0.010
+    late = decoding("n", 500, f=9.5, k=10, tpot=T)
+    b = batch_of(now, decodes=[routed, late])
+    assert ctl.budget(b, now)[1] == "credit" and ctl.budget(b, now)[0] < 0
+    assert ctl.plan(b, now) == [] and ctl.credit == 0.010
 
 
 def test_harvest_uses_credit_on_every_busy_iteration():
@@ -446,7 +477,7 @@ def test_credit_pays_the_overlapped_reload():
     spill_to_host(pool, hist[:256])
     jobs.upsert("s", hist, now=1.0)
     ctl.credit = 0.01
-    b = batch_of(1.0, decodes=[decoding("r", 300, f=0.0, k=0, tpot=T, prio=Priority.ROUTED)])
+    b = batch_of(1.0, decodes=[decoding("r", 300, f=0.99, k=0, tpot=T, prio=Priority.ROUTED)])  # σ = 35 ms
     batch_s = W[0] + W[3] + W[4] * 301
     chunks = ctl.plan(b, 1.0)
     reload = 256 * 20e-6
