@@ -99,10 +99,11 @@ class Instance:
 
     # ------------------------------------------------------------------------- in-process extras
     def submit_request(self, request_id: str, prompt, max_tokens: int, priority: str = "normal",
-                       session_id: str | None = None, tenant: str = "", output_token_ids=None):
-        """Queue any other request (normal traffic, a P/D decode stage); returns the engine's Request."""
+                       session_id: str | None = None, tenant: str = "", output_token_ids=None, stream: bool = True):
+        """Queue any other request (normal traffic, a P/D decode stage); returns the engine's Request.
+        `stream` False: its only RequestOutput is the final one."""
         return self.engine.add_request(request_id, prompt, max_tokens, priority=priority, session_id=session_id,
-                                       tenant=tenant, output_token_ids=output_token_ids)
+                                       tenant=tenant, output_token_ids=output_token_ids, stream=stream)
 
     def cached_prefix_tokens(self, tokens, tenant: str = "") -> tuple[int, int]:
         """(device, host) tokens of `tokens`' longest cached prefix here (a peek: nothing changes)."""

@@ -366,11 +366,12 @@ class ClusterManager:
     def submit_normal(self, inst, request_id: str, prompt_token_ids, max_tokens: int):
         """Normal traffic for one in-process instance; returns the engine's Request (its SLOs). When it
         finishes, (request id, first token time, finish time) lands in `finished_normal`. P/D: it is
-        prefilled here and decoded on the least-loaded decode instance."""
+        prefilled here and decoded on the least-loaded decode instance. Only its final output is reported
+        (it is submitted with stream=False)."""
         if self.pd is None:
-            request = inst.submit_request(request_id, prompt_token_ids, max_tokens, priority="normal")
+            request = inst.submit_request(request_id, prompt_token_ids, max_tokens, priority="normal", stream=False)
         else:
-            request = inst.submit_request(request_id, prompt_token_ids, 1, priority="normal")
+            request = inst.submit_request(request_id, prompt_token_ids, 1, priority="normal", stream=False)
             self._normal_rest[request_id] = (request, max_tokens)
         if self.on_work is not None:
             self.on_work(inst)
@@ -412,7 +413,7 @@ class ClusterManager:
 
         def start() -> None:
             d.submit_request(d_rid, tokens, total - 1, priority="routed" if ticket else "normal", session_id=session,
-                             tenant=tenant, output_token_ids=replay)
+                             tenant=tenant, output_token_ids=replay, stream=ticket is not None)
             if self.on_work is not None:
                 self.on_work(d)
 

@@ -1,10 +1,12 @@
 """Executors: run one scheduled iteration (DESIGN.md §5).
 
 `ModelExecutor` runs the real forward pass (write_kv + paged_attention per layer) over the paged KV
-cache and samples greedily; which rows sample is the scheduler's decision (`batch.samples`). `SimulatedExecutor` runs nothing: it asks a latency model how long the
-iteration would take, so the simulator drives the very same scheduler, pool and controller on a
-virtual clock. Both return the tokens sampled for `batch.samples` (in that order) and the iteration's
-duration in seconds.
+cache and samples greedily; which rows sample is the scheduler's decision (`batch.samples`).
+`SimulatedExecutor` runs nothing: it asks a latency model how long the iteration would take, so the
+simulator drives the very same scheduler, pool and controller on a virtual clock. Both return the
+iteration's duration in seconds and the tokens sampled for `batch.samples` (in that order), or None when
+no token is sampled: each request then takes its next known token (its replay, then its `fill_token`,
+the executor's `fill_token`), which the scheduler counts instead of storing.
 """
 from __future__ import annotations
 
@@ -21,14 +23,17 @@ from shadowprefill.model.forward_batch import ForwardBatch
 
 @dataclass
 class ExecuteResult:
-    tokens: list[int]       # one per batch.samples entry
+    tokens: list[int] | None  # one per batch.samples entry; None: each request's next known token
     duration: float         # seconds the iteration took (measured, or predicted by the latency model)
 
 
 class Executor:
-    """Interface: `execute(batch) -> ExecuteResult`; `kv_cache` is None when nothing is computed."""
+    """Interface: `execute(batch) -> ExecuteResult`; `kv_cache` is None when nothing is computed.
+    `fill_token`: not None for an executor that samples nothing (its ExecuteResult.tokens is None): the
+    value of a request's output tokens past its replay."""
 
     kv_cache: torch.Tensor | None = None
+    fill_token: int | None = None
 
     def execute(self, batch) -> ExecuteResult:
         raise NotImplementedError
@@ -109,8 +114,9 @@ class SimulatedExecutor(Executor):
     the iteration's reloads (`batch.reload_tokens`: its admissions' and shadow chunks') pipelined with its
     compute, after whatever the side stream still copies; the reloads issued one iteration ahead
     (`batch.ahead_tokens`) run behind them and are waited on by the iteration that admits their requests
-    (`batch.prefetched_tokens`). Sampled tokens are `token_fn(request)`, or `filler_token` for every sample
-    (requests that replay a recorded output take theirs instead)."""
+    (`batch.prefetched_tokens`). Sampled tokens are `token_fn(request)`; without a token_fn nothing is
+    sampled (tokens None) and every output token past a replayed one is `filler_token` (`fill_token`),
+    counted by the scheduler, never stored one by one."""
 
     kv_cache = None
 
@@ -118,8 +124,12 @@ class SimulatedExecutor(Executor):
         if not callable(getattr(latency_model, "iteration_time", None)):
             raise TypeError("latency_model must have an iteration_time(prefill, decode_contexts) method")
         self.latency_model = latency_model
+        if token_fn is None and (isinstance(filler_token, bool) or not isinstance(filler_token, int)
+                                 or filler_token < 0):
+            raise ValueError(f"filler_token must be an int >= 0, got {filler_token!r}")
         self.token_fn = token_fn
         self.filler_token = filler_token
+        self.fill_token = filler_token if token_fn is None else None
         self._overlap = getattr(latency_model, "overlapped_time", None)
         self._reload = getattr(latency_model, "reload_time", None)
         self._side_free = -math.inf   # (virtual) time the side stream finishes the copies issued so far
@@ -131,7 +141,7 @@ class SimulatedExecutor(Executor):
             duration = self._with_reloads(batch, duration)
         fn = self.token_fn
         if fn is None:
-            return ExecuteResult([self.filler_token] * len(batch.samples), duration)
+            return ExecuteResult(None, duration)
         tokens = list(map(fn, batch.samples))
         if not {*map(type, tokens)} <= {int}:    # convert only what is not a plain int already
             tokens = [int(t) for t in tokens]

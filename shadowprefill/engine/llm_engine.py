@@ -137,6 +137,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv, self._stats, on_admit=self._on_admit)
         self._shadow_requests: dict[str, tuple[list[int], Request | None, str]] = {}   # Eager: session -> ...
         self._seq = itertools.count()
+        self._fill_token = self.executor.fill_token   # not None: the executor samples nothing (counted tokens)
         self._in_flight: Iteration | None = None
         self._shadow_retry_at = -math.inf          # shadow work that could not run is retried from then on
         self._warned_ignored = False
@@ -149,12 +150,13 @@ class LLMEngine:
     # ------------------------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids, max_tokens: int, priority: str = "normal",
                     session_id: str | None = None, ttft_slo: float | None = None, tpot_slo: float | None = None,
-                    tenant: str = "", output_token_ids=None) -> Request:
+                    tenant: str = "", output_token_ids=None, stream: bool = True) -> Request:
         """Queue a call. `priority`: "routed" (an agent's routed call) or "normal" (other traffic).
         SLOs default to the paper's rule (§5.1). A routed call of a session drops that session's shadow
         job here: whatever the shadow computed is in the prefix cache, and the call prefills the rest.
         `output_token_ids`: replay these output tokens instead of the sampled ones (a simulator replaying a
-        recorded call)."""
+        recorded call). `stream`: `step()` reports the request at every token; False: only when it finishes
+        (the final RequestOutput has every token)."""
         if not isinstance(request_id, str) or not request_id:
             raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
         if request_id in self.scheduler.requests:
@@ -192,7 +194,8 @@ class LLMEngine:
         tpot = float(tpot_slo) if tpot_slo is not None else self.tpot_slo
         replay = None if output_token_ids is None else check_token_ids("output_token_ids", output_token_ids)
         r = Request(request_id, prompt, max_tokens, prio, now, next(self._seq), session_id=session_id,
-                    tenant=tenant, ttft_slo=ttft, tpot_slo=tpot, replay_token_ids=replay)
+                    tenant=tenant, ttft_slo=ttft, tpot_slo=tpot, replay_token_ids=replay, stream=bool(stream),
+                    fill_token=self._fill_token, own_prompt=True)      # (check_token_ids made the list)
         if prio is Priority.ROUTED and session_id is not None:
             self.cancel_shadow(session_id)
         self.scheduler.add(r)
@@ -290,7 +293,8 @@ class LLMEngine:
                 and self.jobs.has_runnable(self.config.n_min))
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration on the engine's clock; outputs of requests that got a token or finished."""
+        """Run one iteration on the engine's clock; outputs of streaming requests that got a token and of
+        requests that finished."""
         it = self.schedule_step()
         if it is None:
             return []
@@ -306,8 +310,9 @@ class LLMEngine:
         kv.poll(now)                                  # retire completed side-stream copies
         batch = self.scheduler.schedule(now)
         if self.policy.runs_jobs:
-            budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)))
-            if len(self.jobs):
+            has_jobs = len(self.jobs) > 0
+            budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)), has_jobs)
+            if has_jobs:
                 chunks = take(self.jobs, budget, kv, now, overlap=self._overlap)
                 if chunks:
                     batch.shadow_chunks = chunks

@@ -6,8 +6,8 @@ the shadow controller reads (paper §3.2: arrival time, first-token time, iterat
 order every decision of the scheduler: routed calls (the agent's own calls) before normal traffic before
 shadow work (DESIGN.md §1, §5).
 
-Token bookkeeping is uniform for prefill and decode: `all_token_ids = prompt + output`, and
-`num_computed_tokens` of them have their K/V in the request's pages. A step feeds the next tokens
+Token bookkeeping is uniform for prefill and decode: `all_token_ids = prompt + output` (`num_tokens` of
+them), and `num_computed_tokens` of them have their K/V in the request's pages. A step feeds the next tokens
 `all_token_ids[num_computed_tokens : num_computed_tokens + n]`; when that reaches the end of the known
 tokens the step samples the next one. A decode is simply the case of one uncomputed token.
 """
@@ -47,23 +47,35 @@ class Request:
     the prompt's K/V and finish without sampling (the Eager baseline's shadow requests).
     `replay_token_ids`: the output the request produces, one token per step, instead of what the executor
     samples (a simulator replaying recorded calls; teacher forcing); past its end the sampled tokens count.
+    `stream`: report a RequestOutput at every token (False: only when it finishes).
+
+    Tokens are one list, prompt then output, and a count `num_tokens`. A real executor samples every token,
+    and each is appended at once. A simulated one samples nothing (`ExecuteResult.tokens` None): the request
+    then only counts its new tokens, whose values are known anyway (its replayed output, then `fill_token`),
+    and the list is filled in where tokens are read (`all_token_ids`, `token_ids_upto`: page hashes,
+    recompute after preemption, a RequestOutput's `token_ids`).
     """
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "max_tokens", "priority", "session_id", "tenant",
-        "ttft_slo", "tpot_slo", "arrival_time", "arrival_seq", "prefill_only", "internal",
-        "status", "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids",
-        "num_committed_blocks", "num_cached_tokens", "num_host_cached_tokens", "first_token_time",
-        "finish_time", "num_decode_iters", "num_preemptions", "ready_event", "finish_reason", "admitted",
-        "sched_stamp", "samples_now", "replay_token_ids", "prefetch",
+        "request_id", "_token_ids", "num_prompt_tokens", "num_tokens", "max_tokens", "priority", "session_id",
+        "tenant", "ttft_slo", "tpot_slo", "arrival_time", "arrival_seq", "prefill_only", "internal", "stream",
+        "status", "num_computed_tokens", "block_ids", "num_committed_blocks", "num_cached_tokens",
+        "num_host_cached_tokens", "first_token_time", "finish_time", "num_decode_iters", "num_preemptions",
+        "ready_event", "finish_reason", "admitted", "sched_stamp", "samples_now", "replay_token_ids",
+        "fill_token", "check_at", "prefetch",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, priority: Priority,
                  arrival_time: float, arrival_seq: int, *, session_id: str | None = None, tenant: str = "",
                  ttft_slo: float = math.inf, tpot_slo: float = math.inf, prefill_only: bool = False,
-                 internal: bool = False, replay_token_ids: list[int] | None = None) -> None:
+                 internal: bool = False, replay_token_ids: list[int] | None = None, stream: bool = True,
+                 fill_token: int | None = None, own_prompt: bool = False) -> None:
+        """`own_prompt`: prompt_token_ids is a list made for this request (kept, not copied)."""
         self.request_id = request_id
-        self.prompt_token_ids = prompt_token_ids
+        # prompt, then the output known so far
+        self._token_ids: list[int] = prompt_token_ids if own_prompt else list(prompt_token_ids)
+        self.num_prompt_tokens = len(self._token_ids)
+        self.num_tokens = self.num_prompt_tokens     # prompt + output tokens (some maybe not in the list yet)
         self.max_tokens = max_tokens
         self.priority = priority
         self.session_id = session_id
@@ -74,9 +86,8 @@ class Request:
         self.arrival_seq = arrival_seq
         self.prefill_only = prefill_only
         self.internal = internal            # engine-made (Eager shadow): produces no RequestOutput
+        self.stream = stream and not internal
         self.status = RequestStatus.WAITING
-        self.output_token_ids: list[int] = []
-        self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         self.num_committed_blocks = 0       # leading pages already registered in the prefix cache
@@ -90,23 +101,76 @@ class Request:
         self.ready_event = None             # host-tier reload the next forward must wait on
         self.prefetch = None                # waiting: its prefix reloaded ahead (a PrefixMatch), or False: tried
         self.finish_reason: str | None = None
-        self.sched_stamp = -1               # the scheduler pass that last put it in a batch
+        self.sched_stamp = -1               # the scheduler pass that last gave it a prefill chunk
         self.samples_now = False            # its chunk in the current batch samples a token
         self.replay_token_ids = replay_token_ids   # output to produce instead of the sampled tokens
+        self.fill_token = fill_token        # a counted (unsampled) output token past the replay
+        self.check_at = 0                   # scheduler: num_tokens at which a decode next needs more than a count
+
+    # ----------------------------------------------------------------------------------------- tokens
+    def token_ids_upto(self, n: int) -> list[int]:
+        """The token list with at least its first `n` tokens filled in (n <= num_tokens); the live list."""
+        toks = self._token_ids
+        have = len(toks)
+        if have < n:
+            p = self.num_prompt_tokens
+            replay = self.replay_token_ids
+            if replay is not None and have - p < len(replay):
+                toks += replay[have - p:n - p]
+                have = len(toks)
+            if have < n:
+                if self.fill_token is None:
+                    raise RuntimeError(f"request {self.request_id!r}: {n - have} counted tokens have no value "
+                                       "(no fill_token)")
+                toks += [self.fill_token] * (n - have)
+        return toks
+
+    def put_token(self, sampled: int) -> int:
+        """Store the next output token (the replayed one while the replay lasts, else `sampled`) in the list,
+        not yet counted in num_tokens (the scheduler counts it); returns it."""
+        n = self.num_tokens
+        toks = self._token_ids if len(self._token_ids) == n else self.token_ids_upto(n)
+        del toks[n:]                        # (a token stored but never counted: its step was dropped)
+        i = n - self.num_prompt_tokens
+        replay = self.replay_token_ids
+        tok = replay[i] if replay is not None and i < len(replay) else sampled
+        toks.append(tok)
+        return tok
+
+    def append_token(self, sampled: int) -> int:
+        """put_token and count it: the request has one more token; returns it."""
+        tok = self.put_token(sampled)
+        self.num_tokens += 1
+        return tok
+
+    def token_at(self, i: int) -> int:
+        """Token i of prompt + output (i < num_tokens)."""
+        return self.token_ids_upto(i + 1)[i]
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt + output tokens (the request's live list: read it, do not change it)."""
+        return self.token_ids_upto(self.num_tokens)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt (a new list)."""
+        return self._token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Tokens generated so far (a new list)."""
+        return self.token_ids_upto(self.num_tokens)[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
 
     # ------------------------------------------------------------------------------------------ views
     @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
     def num_remaining(self) -> int:
         """Known tokens whose K/V is not computed yet (1 for a decode)."""
-        return len(self.all_token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def is_prefilling(self) -> bool:
@@ -119,17 +183,19 @@ class Request:
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.priority.name.lower()}, prompt={self.num_prompt_tokens}, "
-                f"out={len(self.output_token_ids)}/{self.max_tokens}, computed={self.num_computed_tokens}, "
+                f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens}, "
                 f"{self.status.value})")
 
 
 class RequestOutput:
-    """What `LLMEngine.step()` reports for one request that produced a token or finished this step.
+    """What `LLMEngine.step()` reports for one request that produced a token this step (if it streams) or
+    finished this step.
 
     `token_ids`: the tokens generated so far (a snapshot: later steps do not change it).
     `num_cached_tokens`: prompt tokens served from the prefix cache (device or host) at admission.
-    Timing fields are on the engine's clock. Built once per request per step, so it holds only the
-    request and a length; everything else is read from the request (fixed once set).
+    Timing fields are on the engine's clock. Built once per streaming request per step (once per other
+    request), so it holds only the request and a length; everything else is read from the request (fixed
+    once set; counted tokens are filled in when `token_ids` is read).
     """
 
     __slots__ = ("_request", "_n", "finished", "request_id")
@@ -139,18 +205,20 @@ class RequestOutput:
         self._request = request
         self.request_id = request.request_id
         # outputs are append-only: a length is a snapshot
-        self._n = len(request.output_token_ids) if num_output_tokens is None else num_output_tokens
+        self._n = request.num_output_tokens if num_output_tokens is None else num_output_tokens
         self.finished = request.status is RequestStatus.FINISHED if finished is None else finished
 
     @property
     def token_ids(self) -> list[int]:
         """Tokens generated so far (a new list)."""
-        return self._request.output_token_ids[:self._n]
+        r = self._request
+        p = r.num_prompt_tokens
+        return r.token_ids_upto(p + self._n)[p:p + self._n]
 
     @property
     def new_token_id(self) -> int | None:
         """The last token generated by this step (None if there is none)."""
-        return self._request.output_token_ids[self._n - 1] if self._n else None
+        return self._request.token_at(self._request.num_prompt_tokens + self._n - 1) if self._n else None
 
     @property
     def num_output_tokens(self) -> int:
@@ -166,7 +234,7 @@ class RequestOutput:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self._request.prompt_token_ids)
+        return self._request.num_prompt_tokens
 
     @property
     def session_id(self) -> str | None:

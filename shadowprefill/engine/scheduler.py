@@ -27,7 +27,7 @@ from typing import Callable
 
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.kv.manager import PrefixMatch
-from shadowprefill.shadow.view import IterationView
+from shadowprefill.shadow.view import IterationView, decode_contexts, prefill_pairs
 
 ADMISSIONS = ("fcfs", "routed-first")
 
@@ -90,10 +90,10 @@ class ScheduledBatch:
         """(prefill chunks as (new tokens, cached before), shadow chunks last; decode contexts): the latency
         model's and the predictor's input, fixed once read (call it before postprocess)."""
         if self._shape is None:
-            view = self.view(0)
-            prefill = view.prefill_pairs()
-            prefill.extend((c.num_new, c.start) for c in self.shadow_chunks)
-            self._shape = (prefill, view.decode_contexts())
+            prefill = prefill_pairs(self.prefills)
+            if self.shadow_chunks:
+                prefill.extend((c.num_new, c.start) for c in self.shadow_chunks)
+            self._shape = (prefill, decode_contexts(self.decodes))
         return self._shape
 
 
@@ -161,29 +161,34 @@ class Scheduler:
         routed = Priority.ROUTED
         decodes = batch.decodes
 
-        # (1) running decodes, in rank order.
+        # (1) running decodes, in rank order. A decode takes one token and one sequence, so while only
+        # decodes are scheduled the batch holds len(decodes) tokens (a preemption in _grow takes its victim
+        # back out of both).
         others: list[Request] = []                   # running requests with a prefill chunk to do
-        i = num_tokens = 0                           # (batch.num_tokens, kept in a local; _grow may change it)
-        while i < len(running) and num_tokens < limit and len(decodes) < max_seqs:
+        cap = limit if limit < max_seqs else max_seqs
+        n_running = len(running)
+        i = nd = 0
+        has_routed = False
+        while i < n_running and nd < cap:
             r = running[i]
             i += 1
             computed = r.num_computed_tokens
-            if r.first_token_time is None or len(r.all_token_ids) - computed != 1:
+            if r.num_tokens - computed != 1 or r.first_token_time is None:
                 others.append(r)
                 continue
-            if computed // bs >= len(r.block_ids):
-                batch.num_tokens = num_tokens
+            if computed % bs == 0 and computed // bs >= len(r.block_ids):   # (a partly filled page has room)
+                batch.num_tokens = nd
                 grown = self._grow(r, computed // bs + 1 - len(r.block_ids), now, batch)
-                num_tokens = batch.num_tokens
+                nd, n_running = len(decodes), len(running)
                 if not grown:
                     i -= 1                           # r itself was preempted (it was last)
                     continue
             decodes.append(r)
-            r.sched_stamp = stamp
-            num_tokens += 1
+            nd += 1
             if r.priority is routed:
-                batch.has_routed = True
-        batch.num_tokens = num_tokens
+                has_routed = True
+        batch.num_tokens = nd
+        batch.has_routed = has_routed
 
         # (2) in-flight prefill chunks (prompt chunks, or recompute after preemption). If (1) stopped
         # early, the token budget or max_seqs is used up and nothing more is scheduled anyway.
@@ -241,8 +246,9 @@ class Scheduler:
         bs, kv = self.block_size, self.kv
         routed = r.priority is Priority.ROUTED
         # Leave at least one token to compute: its logits give the next token.
-        match = kv.match_prefix(r.all_token_ids, now=now, tenant=r.tenant, promote=routed,
-                                max_tokens=len(r.all_token_ids) - 1)
+        total = r.num_tokens
+        match = kv.match_prefix(r.token_ids_upto(total), now=now, tenant=r.tenant, promote=routed,
+                                max_tokens=total - 1)
         reload, ahead = match.host_tokens, r.prefetch
         if ahead:       # reloaded ahead: those pages are on the device now, held by `match` too
             self._drop_prefetch(r, now)
@@ -253,7 +259,7 @@ class Scheduler:
             match = PrefixMatch(match.block_ids, match.num_tokens, match.num_tokens - host, host,
                                 min(shadow, match.num_tokens), match.ready_event)
         cached = match.num_tokens
-        n = min(len(r.all_token_ids) - cached, budget)
+        n = min(total - cached, budget)
         need = (cached + n + bs - 1) // bs - len(match.block_ids)
         new_blocks = kv.allocate(need, now=now) if need > 0 else []
         while new_blocks is None and routed and not self.fcfs:     # routed-first: routed may preempt normal
@@ -269,6 +275,7 @@ class Scheduler:
         r.block_ids = list(match.block_ids) + new_blocks
         r.num_computed_tokens = cached
         r.num_committed_blocks = cached // bs
+        r.check_at = 0
         r.ready_event = match.ready_event
         batch.reload_tokens += reload
         if not r.admitted:
@@ -300,14 +307,13 @@ class Scheduler:
 
     def _preempt(self, victim: Request, now: float, batch: ScheduledBatch) -> None:
         """Recompute-preemption: keep its computed full pages in the prefix cache, free the rest."""
-        if victim.sched_stamp == self._stamp:    # already in this iteration: take it back out
+        if victim in batch.decodes:              # already in this iteration: take it back out
+            batch.decodes.remove(victim)         # (a scan, on this rare path, instead of a stamp per decode)
+            batch.num_tokens -= 1
+        elif victim.sched_stamp == self._stamp:
             victim.sched_stamp = -1
-            if victim in batch.decodes:
-                batch.decodes.remove(victim)
-                batch.num_tokens -= 1
-            else:
-                batch.num_tokens -= sum(n for q, n in batch.prefills if q is victim)
-                batch.prefills = [(q, n) for q, n in batch.prefills if q is not victim]
+            batch.num_tokens -= sum(n for q, n in batch.prefills if q is victim)
+            batch.prefills = [(q, n) for q, n in batch.prefills if q is not victim]
         self._free(victim, now)
         self.running.remove(victim)
         victim.num_computed_tokens = 0
@@ -321,6 +327,7 @@ class Scheduler:
         self.kv.free(r.block_ids, now=now)
         r.block_ids = []
         r.num_committed_blocks = 0
+        r.check_at = 0
         r.ready_event = None
 
     def _commit_full_pages(self, r: Request, now: float) -> None:
@@ -328,8 +335,9 @@ class Scheduler:
         computed = r.num_computed_tokens
         full = computed // self.block_size
         if full > r.num_committed_blocks:   # (commit registers min(pages, computed // bs) pages: no list copies)
-            self.kv.commit(r.block_ids, r.all_token_ids, now=now, tenant=r.tenant, num_tokens=computed)
+            self.kv.commit(r.block_ids, r.token_ids_upto(computed), now=now, tenant=r.tenant, num_tokens=computed)
             r.num_committed_blocks = full
+            r.check_at = 0
 
     # ------------------------------------------------------------------------------------- reload-ahead
     def prefetch(self, now: float, batch: ScheduledBatch) -> int:
@@ -389,10 +397,12 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------------------------------------- postprocess
-    def postprocess(self, batch: ScheduledBatch, tokens: list[int], now: float) -> list[RequestOutput]:
-        """Apply an executed iteration at `now` (its end): append the sampled tokens (decodes first, then
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int] | None, now: float) -> list[RequestOutput]:
+        """Apply an executed iteration at `now` (its end): add the sampled tokens (decodes first, then
         sampling prefills: the order of batch.samples), record f_r and k_r (Eq. 1), finish requests,
-        register filled pages. Returns one RequestOutput per user request that got a token or finished."""
+        register filled pages. `tokens` None (a simulated executor): every sample's token is its request's
+        next known one (Request.fill_token past a replay), counted, not appended. Returns a RequestOutput
+        per streaming user request that got a token, and per user request that finished."""
         st = self.stats
         running = RequestStatus.RUNNING
         bs = self.block_size
@@ -400,7 +410,8 @@ class Scheduler:
         outputs: list[RequestOutput] = []
         emit = outputs.append
         finished = False
-        num_decodes = len(batch.decodes)
+        decodes = batch.decodes
+        num_decodes = len(decodes)
         st.decode_tokens += num_decodes
         for r, n in batch.prefills:
             if r.status is running:
@@ -411,35 +422,61 @@ class Scheduler:
                     st.prefill_tokens_routed += n
                 else:
                     st.prefill_tokens_normal += n
-        for i, r in enumerate(batch.samples):
+        if tokens is not None:                   # sampled tokens: store each; the loops below count them
+            for r, tok in zip(batch.samples, tokens):
+                if r.status is running:
+                    r.put_token(tok)
+        # decodes: one more token each (the hot loop). Past `check_at` tokens (a full page to register,
+        # its last token) it needs more than counting; an output only where one is wanted.
+        for r in decodes:
             if r.status is not running:          # aborted while in flight
                 continue
-            out = r.output_token_ids
-            replay = r.replay_token_ids
-            tok = tokens[i] if replay is None or len(out) >= len(replay) else replay[len(out)]
-            out.append(tok)
-            r.all_token_ids.append(tok)
-            if i < num_decodes:                  # a decode (it has its first token already)
-                r.num_computed_tokens += 1
-                r.num_decode_iters += 1
-            elif r.first_token_time is None:
+            t = r.num_tokens = r.num_tokens + 1
+            r.num_computed_tokens = t - 1
+            r.num_decode_iters += 1
+            if t >= r.check_at or eos is not None:
+                num_out = t - r.num_prompt_tokens
+                stop = eos is not None and r.token_at(t - 1) == eos
+                if num_out >= r.max_tokens or stop:
+                    self._finish(r, now, "stop" if stop else "length")
+                    finished = True
+                    if not r.internal:
+                        emit(RequestOutput(r, num_out, True))
+                    continue
+                if (t - 1) // bs > r.num_committed_blocks:
+                    self._commit_full_pages(r, now)
+                stop_at = r.num_prompt_tokens + r.max_tokens
+                page_at = (r.num_committed_blocks + 1) * bs + 1     # computed = t - 1 fills the next page
+                r.check_at = stop_at if stop_at < page_at else page_at
+            if r.stream:
+                emit(RequestOutput(r, t - r.num_prompt_tokens, False))
+        # prefill chunks that sampled their request's next token (its first, or one after a recompute)
+        samples = batch.samples
+        for i in range(num_decodes, len(samples)):
+            r = samples[i]
+            if r.status is not running:
+                continue
+            r.num_tokens += 1
+            if r.first_token_time is None:
                 r.first_token_time = now
             else:                                # a recomputed prefill (after preemption)
                 r.num_decode_iters += 1
-            num_out = len(out)
-            if num_out >= r.max_tokens or tok == eos:
-                self._finish(r, now, "stop" if tok == eos else "length")
+            t = r.num_tokens
+            num_out = t - r.num_prompt_tokens
+            stop = eos is not None and r.token_at(t - 1) == eos
+            if num_out >= r.max_tokens or stop:
+                self._finish(r, now, "stop" if stop else "length")
                 finished = True
                 if not r.internal:
                     emit(RequestOutput(r, num_out, True))
                 continue
             if r.num_computed_tokens // bs > r.num_committed_blocks:
                 self._commit_full_pages(r, now)
-            if not r.internal:
+            if r.stream:
                 emit(RequestOutput(r, num_out, False))
         for r, n in batch.prefills:
             if r.status is running:
-                if r.num_computed_tokens == len(r.all_token_ids):    # prefill-only request done
+                if r.num_computed_tokens == r.num_tokens:    # prefill-only request done
                     self._finish(r, now, "prefilled")
                     finished = True
                 elif r.num_computed_tokens // bs > r.num_committed_blocks:

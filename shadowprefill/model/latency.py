@@ -269,6 +269,9 @@ class LatencyModel:
         self._state_s = 2.0 * s.state_bytes / tp / bw                             # read + write per seq
         self._state_flop_s = 2.0 * s.state_bytes / tp / (cal.attn_flops_eff * self.gpu.peak_flops)
         self._attn_launch_s = (s.attn_layers + s.linear_layers) * cal.gemm_overhead_s
+        # per decoding sequence (attention layers + linear-attention state), per iteration, per sequence
+        self._decode_seq_s = s.attn_layers * cal.decode_seq_s + s.linear_layers * self._state_s
+        self._iteration_s, self._per_seq_s = cal.iteration_overhead_s, cal.per_seq_overhead_s
         self._dense: dict[int, float] = {}
         self._head: dict[int, float] = {}
 
@@ -317,8 +320,7 @@ class LatencyModel:
                 else:
                     capped = sum(c if c < w else w for c in decode_contexts)
                 kv += s.sliding_layers * capped
-            attn += kv * self._kv_read_s + n_dec * (s.attn_layers * self.cal.decode_seq_s
-                                                    + s.linear_layers * self._state_s)
+            attn += kv * self._kv_read_s + n_dec * self._decode_seq_s
         if tokens == 0:
             return 0.0
         dense = self._dense.get(tokens)
@@ -328,8 +330,7 @@ class LatencyModel:
         head = self._head.get(seqs)
         if head is None:
             head = self._head[seqs] = float(gemm_s(seqs, s.vocab / self.tp, s.hidden, self.gpu, self.cal))
-        return (dense + head + attn + self._attn_launch_s + self.cal.iteration_overhead_s
-                + seqs * self.cal.per_seq_overhead_s)
+        return dense + head + attn + self._attn_launch_s + self._iteration_s + seqs * self._per_seq_s
 
     def _dense_time(self, t: int) -> float:
         """All layers' projections, MLP/MoE, elementwise ops and all-reduces for `t` tokens."""

@@ -214,26 +214,36 @@ class ShadowController:
     # ----------------------------------------------------------------------------------- Alg. 1 1-9
     def budget_seconds(self, view: IterationView) -> tuple[float, str]:
         """Lines 1-9: the time budget b (seconds) and the branch that set it."""
+        branch = self.branch(view)
+        return self._seconds(branch, view), branch
+
+    def branch(self, view: IterationView) -> str:
+        """Which of lines 1-9 sets b: "blocked", "idle", "credit" or "slo"."""
         policy = self.policy
         if not policy.runs_jobs or view.waiting or view.admission_blocked:   # line 1
-            return 0.0, "blocked"                                              # line 2
+            return "blocked"
         if not view.has_requests:                                              # line 3
-            return self.cap, "idle"                                            # line 4
+            return "idle"
         if not policy.slo_slack or view.has_routed:                            # line 5 (Harvest: every busy it.)
+            return "credit"
+        return "slo"
+
+    def _seconds(self, branch: str, view: IterationView) -> float:
+        if branch == "slo":
+            return min(self.cap, self.min_slack(view))                         # line 8
+        if branch == "credit":
             b = min(self.credit, self.cap)                                     # line 6
-            if policy.slo_slack and b > 0.0:                                   # ... capped by the budget (§3.2)
+            if self.policy.slo_slack and b > 0.0:                              # ... capped by the budget (§3.2)
                 b = min(b, self.min_slack(view) - self.predictor.predict(view.prefill_pairs(), view.decode_contexts()))
-            return b, "credit"
-        return min(self.cap, self.min_slack(view)), "slo"                      # line 8
+            return b
+        return self.cap if branch == "idle" else 0.0                           # lines 4, 2
 
     def min_slack(self, view: IterationView) -> float:
         """min_{r∈B} σ_r: Eq. 1 for decoding requests, TTFT slack for prefilling ones."""
         now, step = view.now, 1.0 - self.margin
-        best = math.inf
-        for r in view.decodes:                                                 # Eq. 1
-            deadline = r.first_token_time + step * r.tpot_slo * (r.num_decode_iters + 1)
-            if deadline < best:
-                best = deadline
+        decodes = view.decodes                                                 # Eq. 1
+        best = min([r.first_token_time + step * r.tpot_slo * (r.num_decode_iters + 1) for r in decodes]) \
+            if decodes else math.inf
         best -= now
         chunk, pred = self.token_budget, self.predictor
         for r, n in view.prefills:
@@ -247,10 +257,12 @@ class ShadowController:
         return best
 
     # ---------------------------------------------------------------------------------- Alg. 1 10-12
-    def plan(self, view: IterationView) -> ShadowBudget:
-        """Budget one iteration; the caller spends it chunk by chunk (line 15)."""
-        b, branch = self.budget_seconds(view)
+    def plan(self, view: IterationView, work: bool = True) -> ShadowBudget:
+        """Budget one iteration; the caller spends it chunk by chunk (line 15). `work` False: the caller has
+        no shadow work to place, so only the branch is counted (b is not computed; the budget is empty)."""
+        branch = self.branch(view)
         self.branch_counts[branch] += 1
+        b = self._seconds(branch, view) if work else 0.0
         self.last_branch, self.last_budget = branch, b
         if b <= 0.0:
             return ShadowBudget(0.0, branch, n_min=self.n_min, predictor=self.predictor, view=view,

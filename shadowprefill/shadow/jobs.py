@@ -22,6 +22,8 @@ import itertools
 import math
 from typing import Iterator, Sequence
 
+import numpy as np
+
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
@@ -39,6 +41,15 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def check_token_ids(name: str, token_ids) -> list[int]:
+    """token_ids as a new list of non-negative Python ints: from a sequence of ints (bool and numpy scalars
+    are refused) or a 1-D numpy array of an integer dtype (checked and converted in C)."""
+    if isinstance(token_ids, np.ndarray):
+        if token_ids.ndim != 1 or token_ids.dtype.kind not in "iu":
+            raise ValueError(f"{name} must hold non-negative int token ids (got a {token_ids.ndim}-D "
+                             f"{token_ids.dtype} array)")
+        if token_ids.dtype.kind == "i" and token_ids.size and token_ids.min() < 0:
+            raise ValueError(f"{name} must hold non-negative int token ids")
+        return token_ids.tolist()
     if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__len__"):
         raise TypeError(f"{name} must be a sequence of ints, got {type(token_ids).__name__}")
     tokens = list(token_ids)

@@ -63,8 +63,18 @@ class IterationView:
 
     def prefill_pairs(self) -> list[tuple[int, int]]:
         """Prefill chunks as (new tokens, cached before): the latency model's and predictor's input."""
-        return [(n, r.num_computed_tokens) for r, n in self.prefills]
+        return prefill_pairs(self.prefills)
 
     def decode_contexts(self) -> list[int]:
         """Context of every decode (tokens attended, the new one included)."""
-        return [c + 1 for c in map(_computed, self.decodes)]
+        return decode_contexts(self.decodes)
+
+
+def prefill_pairs(prefills: Sequence[tuple[RequestState, int]]) -> list[tuple[int, int]]:
+    """Prefill chunks (request, new tokens) as (new tokens, cached before)."""
+    return [(n, r.num_computed_tokens) for r, n in prefills]
+
+
+def decode_contexts(decodes: Sequence[RequestState]) -> list[int]:
+    """Each decode's context: tokens attended, the new one included."""
+    return [c + 1 for c in map(_computed, decodes)]

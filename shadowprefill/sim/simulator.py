@@ -170,8 +170,9 @@ class Simulator:
                 it = inst.driver.iteration
                 outputs = inst.driver.end()
                 self._busy_window[a] += max(0.0, min(t, w1) - max(it.start, w0))
-                for ticket in manager.on_outputs(inst, outputs):
-                    self._finish_call(ticket, by_id[ticket.session_id], result, measured, pending, histories)
+                if outputs or manager.pd is not None:          # (P/D: prefill instances offer pushes)
+                    for ticket in manager.on_outputs(inst, outputs):
+                        self._finish_call(ticket, by_id[ticket.session_id], result, measured, pending, histories)
                 done = manager.finished_normal
                 if done:
                     for rid, first, finish in done:
@@ -192,7 +193,7 @@ class Simulator:
                 _, plen, olen, token_seed = b
                 normal_count += 1
                 rid = f"n{a}-{normal_count}"
-                prompt = token_ids(token_seed, 0, 0, plen).tolist()
+                prompt = token_ids(token_seed, 0, 0, plen)          # the engine converts it once
                 req = manager.submit_normal(inst, rid, prompt, olen)
                 if w0 <= t < w1:
                     normal_records[rid] = NormalRecord(rid, inst.model, inst.name, t, plen, olen,

@@ -71,3 +71,23 @@ def test_simulated_executor_returns_plain_ints(kind):
     expect = [int(make(v)) for v in values]                     # independent: convert each one
     assert tokens == expect
     assert all(type(t) is int for t in tokens)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint16, np.uint32, np.int8])
+def test_check_token_ids_numpy_arrays(dtype):
+    rng = np.random.default_rng(7)
+    arr = rng.integers(0, np.iinfo(dtype).max, size=257).astype(dtype)
+    out = check_token_ids("prompt_token_ids", arr)
+    assert out == [int(v) for v in arr] and all(type(t) is int for t in out)   # independent: one by one
+    if np.issubdtype(dtype, np.signedinteger):
+        arr[100] = -1
+        with pytest.raises(ValueError, match="prompt_token_ids"):
+            check_token_ids("prompt_token_ids", arr)
+    assert check_token_ids("t", np.zeros(0, dtype=dtype)) == []
+
+
+@pytest.mark.parametrize("bad", [np.ones(4, dtype=np.float32), np.ones(4, dtype=bool), np.ones((2, 2), dtype=np.int32)],
+                         ids=["float", "bool", "2-D"])
+def test_check_token_ids_refuses_other_arrays(bad):
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        check_token_ids("prompt_token_ids", bad)

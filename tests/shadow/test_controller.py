@@ -105,8 +105,7 @@ def precache(kv, toks, now=0.0):
 
 def decoding(rid, ctx, f, k, tpot, prio=Priority.NORMAL):
     r = Request(rid, [1] * ctx, 100, prio, arrival_time=0.0, arrival_seq=0, tpot_slo=tpot)
-    r.all_token_ids.append(2)
-    r.output_token_ids.append(2)
+    r.append_token(2)
     r.num_computed_tokens = ctx
     r.first_token_time, r.num_decode_iters = f, k
     return r
@@ -509,3 +508,29 @@ def test_a_last_chunk_below_n_min_runs_when_it_fits():
     b = tight.plan(Harness(tight, pool, jobs).view(batch_of(1.0)))
     assert b.max_tokens(0, remaining=100) == 0                              # 100 tokens do not fit in b
     assert b.max_tokens(0, remaining=50) == 50
+
+
+@pytest.mark.parametrize("mode", ["harvest-slo", "harvest"])
+def test_plan_without_work_counts_the_branch_only(mode):
+    """plan(view, work=False) (the engine has no shadow job): the same branch as the full plan is counted, the
+    budget is empty, and credit is untouched; over random iterations the branch counts match the full plan's."""
+    import random
+    rng = random.Random(5)
+    full, quick = controller(mode), controller(mode)
+    for i in range(300):
+        now = 10.0 + i * 0.01
+        decs = [decoding(f"d{j}", rng.randrange(1, 900), f=now - rng.uniform(0, 2), k=rng.randrange(0, 60),
+                         tpot=T, prio=rng.choice((Priority.NORMAL, Priority.ROUTED)))
+                for j in range(rng.randrange(0, 5))]
+        pres = [(prefilling(f"p{j}", 600, rng.randrange(0, 300), now - 0.1, 1.0), 100) for j in range(rng.randrange(0, 2))]
+        b = batch_of(now, decodes=decs, prefills=pres)
+        b.waiting_nonempty = rng.random() < 0.2
+        b.has_routed = any(r.priority is Priority.ROUTED for r in decs)
+        credit = rng.uniform(0, 0.02)
+        full.credit = quick.credit = credit
+        want = full.plan(b.view(0))
+        got = quick.plan(b.view(0), work=False)
+        assert got.branch == want.branch == full.budget_seconds(b.view(0))[1]
+        assert got.seconds == 0.0 and quick.last_budget == 0.0 and quick.credit == credit
+        assert quick.branch_counts == full.branch_counts
+    assert sum(v > 0 for v in full.branch_counts.values()) >= 3      # several branches were exercised
