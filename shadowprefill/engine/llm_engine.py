@@ -340,7 +340,10 @@ class LLMEngine:
         self._in_flight = None
         now = self.clock.now()
         batch, duration = it.batch, it.duration
-        shape = batch.shape() if self.config.refit_predictor else None   # before postprocess advances contexts
+        # t̂ models compute: an iteration that waited on host-tier copies is not observed (its time is not
+        # a function of the batch's features); the shape is taken before postprocess advances contexts
+        shape = (batch.shape() if self.config.refit_predictor and not batch.reload_tokens
+                 and not batch.prefetched_tokens else None)
         outputs = self.scheduler.postprocess(batch, it.tokens, now)
         shadow_tokens = complete(self.jobs, batch.shadow_chunks, self.kv, now) if batch.shadow_chunks else 0
         self.controller.end_iteration(duration, busy=batch.has_requests, decode_only=batch.is_decode_only)

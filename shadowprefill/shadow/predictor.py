@@ -108,10 +108,11 @@ class IterationPredictor:
     iterations). `prior_weight` κ: the seed's batches count as κ observations that forgetting never removes,
     timed at the machine's speed relative to the seed (`speed_ratio`, tracked online), so a machine that is
     uniformly faster or slower than the seed is tracked without bias, and the coefficients the recent
-    iterations do not determine keep the seed's shape."""
+    iterations do not determine keep the seed's shape. `refit_every`: observations between refits (the
+    information gains every observation either way; t̂ changes at the refits)."""
 
     def __init__(self, latency_model: LatencyModel, *, forgetting: float = 0.995, max_context: int = 32768,
-                 prior_weight: float = 1.0) -> None:
+                 prior_weight: float = 1.0, refit_every: int = 8) -> None:
         if not callable(getattr(latency_model, "iteration_time", None)):
             raise TypeError("latency_model must have an iteration_time(prefill, decode_contexts) method, got "
                             f"{type(latency_model).__name__}")
@@ -121,6 +122,8 @@ class IterationPredictor:
         if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) or \
                 not 0 < prior_weight < math.inf:
             raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight!r}")
+        if isinstance(refit_every, bool) or not isinstance(refit_every, int) or refit_every < 1:
+            raise ValueError(f"refit_every must be an int >= 1, got {refit_every!r}")
         self.forgetting = forgetting
         self.num_observations = 0
         x = self._seed_rows(max_context)
@@ -133,6 +136,9 @@ class IterationPredictor:
         self._seed_w = self.coefficients
         self._ratio = [0.0, 0.0]         # forgetting-weighted sums of observed / seed-predicted time, and of 1
         self.speed_ratio = 1.0           # ρ: observed over seed-predicted iteration time
+        self.refit_every = refit_every
+        self._rows: list[tuple] = []     # observations not yet folded in (scaled features / duration)
+        self._pending = [0.0, 0.0]       # their seed shares (information, right-hand side)
 
     # --------------------------------------------------------------------------------------- fitting
     def _seed_rows(self, max_context: int) -> np.ndarray:
@@ -159,11 +165,12 @@ class IterationPredictor:
     def observe_features(self, features: tuple, duration: float) -> None:
         """One observation, weighted by 1/duration (relative error): the information decays by λ and gains
         the observation's and the (1−λ) share of the seed's at speed ρ that keeps the seed at κ observations
-        (stabilized forgetting: nothing winds up where recent iterations carry no information); then the
-        non-negative least-squares refit."""
+        (stabilized forgetting: nothing winds up where recent iterations carry no information); then, every
+        `refit_every` observations, the non-negative least-squares refit. Observations are kept as rows
+        and folded into the information in one product at the refit (the same sums as one update per
+        observation: row i of k is weighted λ^(k-1-i), the seed by the summed per-step shares)."""
         if not duration > 0 or not math.isfinite(duration):
             return
-        x = np.array([1.0 / duration] + [float(f) * s / duration for f, s in zip(features, _SCALE_LIST[1:])])
         lam = self.forgetting
         sw, ratio = self._seed_w, self._ratio
         seed_t = sw[0] + sw[1] * features[0] + sw[2] * features[1] + sw[3] * features[2] + sw[4] * features[3]
@@ -172,15 +179,34 @@ class IterationPredictor:
             ratio[1] = lam * ratio[1] + 1.0
             self.speed_ratio = ratio[0] / ratio[1]
         keep = (1.0 - lam) / self.speed_ratio              # the seed's rows timed at ρ × their seed time
-        info, rhs = self._info, self._rhs
-        info *= lam
-        info += np.outer(x, x)
-        info += self._seed_info * (keep / self.speed_ratio)
-        rhs *= lam
-        rhs += x
-        rhs += self._seed_rhs * keep
-        self._theta = nnls_normal(info, rhs)
+        pending = self._pending
+        pending[0] = pending[0] * lam + keep / self.speed_ratio      # seed share of the information
+        pending[1] = pending[1] * lam + keep                         # ... and of the right-hand side
+        inv = 1.0 / duration
+        self._rows.append((inv, features[0] * _SCALE_LIST[1] * inv, features[1] * _SCALE_LIST[2] * inv,
+                           features[2] * _SCALE_LIST[3] * inv, features[3] * _SCALE_LIST[4] * inv))
         self.num_observations += 1
+        if len(self._rows) >= self.refit_every:
+            self.refit()
+
+    def refit(self) -> None:
+        """Fold the pending observations into the information and solve (Lawson-Hanson NNLS)."""
+        rows = self._rows
+        if not rows:
+            return
+        k, lam = len(rows), self.forgetting
+        x = np.array(rows)
+        w = lam ** np.arange(k - 1, -1, -1, dtype=np.float64)     # row i decays k-1-i more times
+        info, rhs = self._info, self._rhs
+        info *= lam ** k
+        info += (x.T * w) @ x
+        info += self._seed_info * self._pending[0]
+        rhs *= lam ** k
+        rhs += w @ x
+        rhs += self._seed_rhs * self._pending[1]
+        self._pending = [0.0, 0.0]
+        rows.clear()
+        self._theta = nnls_normal(info, rhs)
         self._set_weights()
 
     # ------------------------------------------------------------------------------------ prediction

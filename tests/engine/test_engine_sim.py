@@ -223,9 +223,14 @@ def test_reload_is_charged_overlapped_with_the_compute():
     compute = lat.iteration_time(*it.batch.shape())
     assert it.duration == pytest.approx(pipeline(compute, 64e-6))
     assert it.duration == pytest.approx(compute + 64e-6 / LAYERS)   # shorter than the compute: R/L shows
+    n = e.predictor.num_observations
     e.clock.advance(it.duration)
     e.complete_step(it)
     assert r.num_host_cached_tokens == 64 and r.num_cached_tokens == 64
+    assert e.predictor.num_observations == n                 # t̂ models compute: a reload stall is not observed
+    e.add_request("c", toks(30, 9), 1)
+    e.step()
+    assert e.predictor.num_observations == n + 1              # the next iteration (no reload) is
 
 
 def test_reload_ahead_runs_during_the_previous_iteration():
