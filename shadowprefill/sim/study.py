@@ -30,6 +30,9 @@ from shadowprefill.sim.report import PAPER_HEADLINES
 
 STUDY_POLICIES = ("no-shadow", "harvest-slo+host", "oracle+host")
 PAPER_DURATION_S = {"fusionbench": 600.0, "ghcp-coding": 1800.0}     # §5.1 "Measurement"
+# The short default study's session rate (sessions/s, both workloads): 2x FusionBench's and 5x GHCP's
+# (appendix D.1 rates 0.05 and 0.02), for more switch calls per simulated second; --paper-length keeps theirs.
+DEMO_SESSION_RATE = 0.1
 METRICS = (   # (summary key, label)
     ("switch_call_latency_mean_s_reduction_pct", "switch-call latency red. (%)"),
     ("switch_call_ttft_mean_s_reduction_pct", "switch-call TTFT red. (%)"),
@@ -296,7 +299,8 @@ def register(subparsers) -> None:
                    help="measured simulated seconds per run (paper: 600; 1800 for GHCP; see --paper-length)")
     p.add_argument("--paper-length", action="store_true", help="the paper's run lengths and 120 s warm-up")
     p.add_argument("--warmup", type=nonneg_float, default=60.0)
-    p.add_argument("--session-rate", type=positive_float, help="sessions per second (default: each workload's)")
+    p.add_argument("--session-rate", type=positive_float,
+                   help=f"sessions per second (default: {DEMO_SESSION_RATE}; with --paper-length each workload's)")
     p.add_argument("--policies", default=",".join(STUDY_POLICIES))
     p.add_argument("--all-policies", action="store_true",
                    help="all ten policies of Table 2 (overrides --policies) and the Figure 4 chart of them")
@@ -316,12 +320,13 @@ def spec_from_args(args) -> StudySpec:
     from shadowprefill.usage import comma_list
     workloads = tuple(comma_list(args.workloads))
     if args.paper_length:
-        duration, warmup = dict(PAPER_DURATION_S), 120.0
+        duration, warmup, rate = dict(PAPER_DURATION_S), 120.0, args.session_rate
     else:
         duration, warmup = {w: args.duration for w in workloads}, args.warmup
+        rate = DEMO_SESSION_RATE if args.session_rate is None else args.session_rate
     spec = StudySpec(workloads=workloads, pair=args.pair, seeds=tuple(comma_list(args.seeds, int, "--seeds integer")),
                      capacity=_capacity(args.capacity), windows=tuple(comma_list(args.windows)),
-                     duration_s=duration, warmup_s=warmup, session_rate=args.session_rate,
+                     duration_s=duration, warmup_s=warmup, session_rate=rate,
                      policies=tuple(p.name for p in parse_policies("all" if getattr(args, "all_policies", False) else args.policies)),
                      jobs=args.jobs, admission=getattr(args, "admission", "fcfs"))
     if any(s < 0 for s in spec.seeds):

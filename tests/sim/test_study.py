@@ -187,3 +187,17 @@ def test_admission_reaches_every_engine():
     assert sim_config(experiment_from_args(args, args.policies)).engine.admission == "routed-first"
     with pytest.raises(SystemExit):
         parser.parse_args(["demo", "--admission", "lifo"])
+
+
+def test_demo_session_rate_default_and_paper_length():
+    """The short default study runs at DEMO_SESSION_RATE; --paper-length keeps each workload's rate."""
+    import argparse
+
+    from shadowprefill.sim.study import DEMO_SESSION_RATE, register, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert spec_from_args(parser.parse_args(["demo"])).session_rate == DEMO_SESSION_RATE
+    assert spec_from_args(parser.parse_args(["demo", "--session-rate", "0.3"])).session_rate == 0.3
+    paper = spec_from_args(parser.parse_args(["demo", "--paper-length"]))
+    assert paper.session_rate is None and all(e.session_rate is None for e in paper.experiments())
