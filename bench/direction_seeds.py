@@ -44,18 +44,19 @@ EFFECTS = {
 }
 
 
-def experiments(workload: str, seeds=None) -> list[Experiment]:
+def experiments(workload: str, seeds=None, admission: str = "fcfs") -> list[Experiment]:
     """The direction study's runs of `workload` (default: the test's seeds)."""
     duration, warmup, rate, test_seeds = SIZES[workload]
     return [Experiment(workload=workload, models=PAIR, policies=POLICIES, duration_s=duration, warmup_s=warmup,
-                       instances=1, seed=s, capacity=dict(CAPACITY), session_rate=rate, sim={"max_drain_s": 300.0})
+                       instances=1, seed=s, capacity=dict(CAPACITY), session_rate=rate,
+                       sim={"max_drain_s": 300.0, "admission": admission})
             for s in (test_seeds if seeds is None else seeds)]
 
 
-def run(workload: str, seeds=None, jobs: int = 2, progress: bool = False) -> list[dict]:
+def run(workload: str, seeds=None, jobs: int = 2, progress: bool = False, admission: str = "fcfs") -> list[dict]:
     """Per-run summaries {policy: summary} of the direction study of `workload`."""
-    return [s for _, s in map_jobs(_run_one, experiments(workload, seeds), jobs=jobs, progress=progress,
-                                   desc=workload)]
+    return [s for _, s in map_jobs(_run_one, experiments(workload, seeds, admission), jobs=jobs,
+                                   progress=progress, desc=workload)]
 
 
 def effects(summaries: list[dict]) -> dict[str, tuple[float, float]]:
@@ -75,13 +76,14 @@ def main() -> None:
     ap.add_argument("--seeds", default="0-11", help="e.g. 0-11 or 0,3,5")
     ap.add_argument("--workloads", default=",".join(SIZES))
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--admission", default="fcfs", choices=("fcfs", "routed-first"))
     ap.add_argument("--out", help="write the per-run summaries and effects here (JSON)")
     args = ap.parse_args()
     seeds = _seeds(args.seeds)
     out = {}
     for w in args.workloads.split(","):
         t = time.perf_counter()
-        summaries = run(w, seeds, args.jobs, progress=True)
+        summaries = run(w, seeds, args.jobs, progress=True, admission=args.admission)
         test_seeds = SIZES[w][3]
         in_test = [s for seed, s in zip(seeds, summaries) if seed in test_seeds]
         print(f"\n== {w}: {len(seeds)} seeds in {time.perf_counter() - t:.0f} s wall; "
