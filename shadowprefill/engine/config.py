@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from shadowprefill.engine.scheduler import ADMISSIONS
-from shadowprefill.shadow.policy import SHADOW_POLICIES
+from shadowprefill.shadow.policy import BETA, COLD_AGE_S, MARGIN, N_MIN, SHADOW_FRACTION, SHADOW_POLICIES
 
 SHADOW_MODES = tuple(SHADOW_POLICIES)
 
@@ -66,12 +66,12 @@ class EngineConfig:
     max_seqs: int = 256
     admission: str = "fcfs"
     shadow_mode: str = "harvest-slo"
-    beta: float = 0.5
+    beta: float = BETA
     delta: float | None = None
-    margin: float = 0.1
-    n_min: int = 256
-    shadow_fraction: float = 0.25
-    cold_age_s: float = 5.0
+    margin: float = MARGIN
+    n_min: int = N_MIN
+    shadow_fraction: float = SHADOW_FRACTION
+    cold_age_s: float = COLD_AGE_S
     host_tier_gib: float = 0.0
     page_bytes: int = 0
     idle_cap_s: float | None = None

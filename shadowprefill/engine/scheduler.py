@@ -397,6 +397,18 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------------------------------------- postprocess
+    def _finish_if_done(self, r: Request, t: int, now: float, eos, emit) -> bool:
+        """Finish r if its `t` tokens reach max_tokens or end in EOS (its final output emitted unless the
+        request is the engine's own); whether it finished."""
+        num_out = t - r.num_prompt_tokens
+        stop = eos is not None and r.token_at(t - 1) == eos
+        if num_out < r.max_tokens and not stop:
+            return False
+        self._finish(r, now, "stop" if stop else "length")
+        if not r.internal:
+            emit(RequestOutput(r, num_out, True))
+        return True
+
     def postprocess(self, batch: ScheduledBatch, tokens: list[int] | None, now: float) -> list[RequestOutput]:
         """Apply an executed iteration at `now` (its end): add the sampled tokens (decodes first, then
         sampling prefills: the order of batch.samples), record f_r and k_r (Eq. 1), finish requests,
@@ -435,13 +447,8 @@ class Scheduler:
             r.num_computed_tokens = t - 1
             r.num_decode_iters += 1
             if t >= r.check_at or eos is not None:
-                num_out = t - r.num_prompt_tokens
-                stop = eos is not None and r.token_at(t - 1) == eos
-                if num_out >= r.max_tokens or stop:
-                    self._finish(r, now, "stop" if stop else "length")
+                if self._finish_if_done(r, t, now, eos, emit):
                     finished = True
-                    if not r.internal:
-                        emit(RequestOutput(r, num_out, True))
                     continue
                 if (t - 1) // bs > r.num_committed_blocks:
                     self._commit_full_pages(r, now)
@@ -462,18 +469,13 @@ class Scheduler:
             else:                                # a recomputed prefill (after preemption)
                 r.num_decode_iters += 1
             t = r.num_tokens
-            num_out = t - r.num_prompt_tokens
-            stop = eos is not None and r.token_at(t - 1) == eos
-            if num_out >= r.max_tokens or stop:
-                self._finish(r, now, "stop" if stop else "length")
+            if self._finish_if_done(r, t, now, eos, emit):
                 finished = True
-                if not r.internal:
-                    emit(RequestOutput(r, num_out, True))
                 continue
             if r.num_computed_tokens // bs > r.num_committed_blocks:
                 self._commit_full_pages(r, now)
             if r.stream:
-                emit(RequestOutput(r, num_out, False))
+                emit(RequestOutput(r, t - r.num_prompt_tokens, False))
         for r, n in batch.prefills:
             if r.status is running:
                 if r.num_computed_tokens == r.num_tokens:    # prefill-only request done

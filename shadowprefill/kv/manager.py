@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from shadowprefill.shadow.policy import COLD_AGE_S, SHADOW_FRACTION
+
 from .core import KVCore
 from .host_tier import HostTier
 from .native import native_module, resolve_backend
@@ -64,8 +66,8 @@ class KVCacheManager:
     SHADOWPREFILL_KV_BACKEND or the default. A shared HostTier serves pools of one backend."""
 
     def __init__(self, num_blocks: int, block_size: int, *, kv_cache: torch.Tensor | None = None,
-                 host_tier: HostTier | None = None, page_bytes: int = 0, shadow_fraction: float = 0.25,
-                 cold_age_s: float = 5.0, model_id: str = "", backend: str | None = None) -> None:
+                 host_tier: HostTier | None = None, page_bytes: int = 0, shadow_fraction: float = SHADOW_FRACTION,
+                 cold_age_s: float = COLD_AGE_S, model_id: str = "", backend: str | None = None) -> None:
         self.num_blocks = _check_int(num_blocks, "num_blocks", 1)
         self.block_size = _check_int(block_size, "block_size", 1)
         if not 0.0 <= shadow_fraction <= 1.0:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 
-from shadowprefill.shadow.policy import ShadowPolicy, get_shadow_policy
+from shadowprefill.shadow.policy import BETA, MARGIN, N_MIN, ShadowPolicy, get_shadow_policy
 from shadowprefill.shadow.view import IterationView
 
 SLO_DECODE_CONTEXT = 1024   # context of the "batch-1 decode" that sets the default TPOT SLO
@@ -189,8 +189,8 @@ class ShadowController:
     `token_budget` / `max_seqs`: the engine's per-iteration limits, which shadow chunks share."""
 
     def __init__(self, policy: "str | ShadowPolicy", predictor, *, tpot_slo: float, token_budget: int = 2048,
-                 max_seqs: int = 256, beta: float = 0.5, delta: float | None = None, margin: float = 0.1,
-                 n_min: int = 256, idle_cap_s: float | None = None) -> None:
+                 max_seqs: int = 256, beta: float = BETA, delta: float | None = None, margin: float = MARGIN,
+                 n_min: int = N_MIN, idle_cap_s: float | None = None) -> None:
         self.policy = get_shadow_policy(policy)
         for name, value in (("tpot_slo", tpot_slo), ("beta", beta), ("margin", margin)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):

@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The paper's defaults (§3.2, §3.3, §5.1), one place for the engine, the controller and the vLLM plugin:
+BETA = 0.5              # idle cap: shadow-only iterations of at most β·T
+MARGIN = 0.1            # SLO margin m of Eq. 1
+N_MIN = 256             # smallest shadow chunk
+SHADOW_FRACTION = 0.25  # cap of the shadow KV class, a fraction of the pool
+COLD_AGE_S = 5.0        # cache entries idle this long may be taken for shadow pages
+
 
 @dataclass(frozen=True)
 class ShadowPolicy:

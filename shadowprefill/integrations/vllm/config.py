@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from shadowprefill.shadow.policy import BETA, COLD_AGE_S, MARGIN, N_MIN, SHADOW_FRACTION
+
 ENV_VAR = "SHADOWPREFILL_VLLM"
 POLICIES = ("harvest-slo", "harvest")
 
@@ -64,12 +66,12 @@ class ShadowSchedulerConfig:
     policy: str = "harvest-slo"
     tpot_slo_s: float | None = None
     ttft_slo_s: float | None = None
-    beta: float = 0.5
+    beta: float = BETA
     delta: float | None = None
-    margin: float = 0.1
-    n_min: int = 256
-    shadow_fraction: float = 0.25
-    cold_age_s: float = 5.0
+    margin: float = MARGIN
+    n_min: int = N_MIN
+    shadow_fraction: float = SHADOW_FRACTION
+    cold_age_s: float = COLD_AGE_S
     warmup_steps: int = 16
     stats_path: str | None = None
 
