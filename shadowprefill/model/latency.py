@@ -429,8 +429,9 @@ class LatencyModel:
         return tokens * self.kv_bytes_per_token_per_gpu / self.pcie_bw
 
     def reload_time(self, num_tokens: int) -> float:
-        """Seconds the side stream needs to copy `num_tokens` of host-tier KV back (all layers)."""
-        return num_tokens * self.kv_bytes_per_token_per_gpu / self.pcie_bw
+        """Seconds the side stream needs to copy `num_tokens` of host-tier KV back (all layers): the
+        host transfer time."""
+        return self.host_transfer_time(num_tokens)
 
     def overlapped_time(self, compute_s: float, reload_tokens: int, head_start_s: float = 0.0) -> float:
         """Seconds of an iteration of `compute_s` compute that reads `reload_tokens` of KV reloaded layer by
