@@ -93,6 +93,11 @@ def main() -> None:
         for name, (m, se) in every.items():
             t_m, t_se = tested.get(name, (float("nan"), float("nan")))
             print(f"  {name:26s}{m:10.2f} ± {se:5.2f}{t_m:10.2f} ± {t_se:5.2f}")
+        for policy in ("harvest-slo", "harvest-slo+host"):     # what test_filled_iterations_... bounds
+            over = [s[policy]["shadow_over_budget_fraction"] or 0.0 for s in summaries]
+            ratio = [s[policy]["shadow_budget_ratio_max"] or 0.0 for s in summaries]
+            print(f"  {policy}: filled iterations past b, largest share {max(over):.3f}; "
+                  f"largest duration / b {max(ratio):.3f}")
         out[w] = {"seeds": seeds, "effects_all": every, "effects_test_seeds": tested,
                   "runs": [{p: {k: v for k, v in s[p].items() if isinstance(v, (int, float))} for p in s}
                            for s in summaries]}

@@ -58,10 +58,12 @@ class ShadowProgress(NamedTuple):
 class Iteration:
     """A scheduled and executed iteration awaiting `complete_step`."""
 
-    __slots__ = ("batch", "tokens", "duration", "start")
+    __slots__ = ("batch", "tokens", "duration", "start", "budget_s")
 
-    def __init__(self, batch: ScheduledBatch, tokens: list[int], duration: float, start: float) -> None:
+    def __init__(self, batch: ScheduledBatch, tokens: list[int], duration: float, start: float,
+                 budget_s: float = 0.0) -> None:
         self.batch, self.tokens, self.duration, self.start = batch, tokens, duration, start
+        self.budget_s = budget_s    # b, when shadow chunks joined under a whole-iteration budget; else 0
 
 
 class LLMEngine:
@@ -309,6 +311,7 @@ class LLMEngine:
         kv = self.kv
         kv.poll(now)                                  # retire completed side-stream copies
         batch = self.scheduler.schedule(now)
+        budget_s = 0.0
         if self.policy.runs_jobs:
             has_jobs = len(self.jobs) > 0
             budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)), has_jobs)
@@ -317,6 +320,8 @@ class LLMEngine:
                 if chunks:
                     batch.shadow_chunks = chunks
                     batch.reload_tokens += sum(c.host_tokens for c in chunks)
+                    if budget.branch != "credit":     # b bounds the whole iteration (credit: the added time)
+                        budget_s = budget.seconds
         if batch.is_empty:
             # only shadow work was left and none can run now: what blocks it (shadow KV not yet cold, no
             # slack, credit) changes with time, so offer it again after a short pause, or on new work
@@ -326,7 +331,7 @@ class LLMEngine:
         if self.scheduler.prefetch(now, batch):       # the next iteration's admissions behind them (issue 15)
             kv.start_reloads()
         result = self.executor.execute(batch)
-        self._in_flight = Iteration(batch, result.tokens, result.duration, now)
+        self._in_flight = Iteration(batch, result.tokens, result.duration, now, budget_s)
         return self._in_flight
 
     def _free_shadow_tokens(self, limit: int, now: float) -> int:
@@ -356,6 +361,11 @@ class LLMEngine:
         st.shadow_chunks += len(batch.shadow_chunks)
         if not batch.has_requests:
             st.shadow_only_iterations += 1
+        if it.budget_s > 0.0:                          # did the iteration stay within b (line 10)?
+            st.shadow_budget_iterations += 1
+            ratio = duration / it.budget_s
+            st.shadow_over_budget += ratio > 1.0
+            st.shadow_budget_ratio_max = max(st.shadow_budget_ratio_max, ratio)
         return outputs
 
     def _on_admit(self, r: Request, match) -> None:

@@ -26,6 +26,11 @@ class EngineStats:
     routed_cached_prompt_tokens: int = 0
     routed_shadow_hit_tokens: int = 0      # routed prompt tokens found on shadow-class pages
     budget_branches: dict = field(default_factory=dict)
+    # Alg. 1 line 10 kept? Iterations given shadow chunks under a whole-iteration budget b (the SLO-slack
+    # and idle branches), how many of them ran longer than b, and the largest executed duration / b
+    shadow_budget_iterations: int = 0
+    shadow_over_budget: int = 0
+    shadow_budget_ratio_max: float = 0.0
     credit: float = 0.0
     credit_earned_s: float = 0.0
     credit_spent_s: float = 0.0

@@ -112,6 +112,7 @@ def summarize(run: RunResult, keys: "set[tuple[str, int]] | None" = None) -> dic
     routed_in_window = [c for c in run.calls if c.measured]
     good = normal_met + sum(1 for c in routed_in_window if c.meets_slo)
     tracked = run.extra.get("shadow_use_tracked", True)
+    checked = run.extra.get("shadow_budget_iterations", 0)
     shadow_unused = max(0, run.shadow_tokens - run.shadow_tokens_used) if tracked else None
     return {
         **call_metrics(calls),
@@ -130,6 +131,10 @@ def summarize(run: RunResult, keys: "set[tuple[str, int]] | None" = None) -> dic
                                    if run.shadow_tokens and shadow_unused is not None else None),
         "gpus": run.gpus,
         "sessions_unfinished": run.sessions_unfinished,
+        # Alg. 1 line 10: of the iterations given shadow chunks under a whole-iteration budget b, the share
+        # that ran longer than b, and the largest executed duration / b (None: no such iteration)
+        "shadow_over_budget_fraction": run.extra["shadow_over_budget"] / checked if checked else None,
+        "shadow_budget_ratio_max": run.extra["shadow_budget_ratio_max"] if checked else None,
     }
 
 

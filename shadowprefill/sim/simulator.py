@@ -285,14 +285,20 @@ class Simulator:
         result.shadow_tokens, result.shadow_tokens_used = shadow_total, min(used, shadow_total)
         result.end_time = end
         branches: dict[str, int] = {}
-        earned = spent = 0.0
+        earned = spent = ratio_max = 0.0
+        checked = over = 0
         for inst in self.instances:
             st = inst.engine.stats
             earned += st.credit_earned_s
             spent += st.credit_spent_s
             for k, v in st.budget_branches.items():
                 branches[k] = branches.get(k, 0) + v
-        result.extra.update(credit_earned_s=earned, credit_spent_s=spent, budget_branches=branches)
+            checked += st.shadow_budget_iterations
+            over += st.shadow_over_budget
+            ratio_max = max(ratio_max, st.shadow_budget_ratio_max)
+        result.extra.update(credit_earned_s=earned, credit_spent_s=spent, budget_branches=branches,
+                            shadow_budget_iterations=checked, shadow_over_budget=over,
+                            shadow_budget_ratio_max=ratio_max)
         result.extra.update(instances=len(self.instances), shadow_use_tracked=tracked,
                             oracle_tokens=self.manager.oracle_tokens,
                             shadow_jobs_created=self.manager.shadow_jobs_created,

@@ -126,6 +126,7 @@ def test_shadow_iterations_stay_within_budget_under_load():
         e.add_shadow(f"s{i}", toks(5000, 50 + i))
     lat = LinearLatency()
     branches = set()
+    filled = 0
     while e.has_work():
         it = e.schedule_step()
         if it is None:
@@ -134,6 +135,8 @@ def test_shadow_iterations_stay_within_budget_under_load():
         if b.shadow_chunks:
             branch, budget = e.controller.last_branch, e.controller.last_budget
             branches.add(branch)
+            filled += branch != "credit"
+            assert it.budget_s == (0.0 if branch == "credit" else budget)
             if branch == "credit":                              # shadow's added time within the credit
                 added = it.duration - lat.iteration_time(b.view(0).prefill_pairs(), b.view(0).decode_contexts())
                 assert added <= budget + 1e-12
@@ -147,6 +150,37 @@ def test_shadow_iterations_stay_within_budget_under_load():
     assert "slo" in branches
     st = e.stats
     assert st.credit_spent_s <= st.credit_earned_s + 1e-12
+    assert st.shadow_budget_iterations == filled > 0 and st.shadow_over_budget == 0
+    assert 0.0 < st.shadow_budget_ratio_max <= 1.0 + 1e-9
+
+
+class ScaledLatency(LinearLatency):
+    """The machine runs `factor` times slower than the t̂ seed says."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def iteration_time(self, prefill, decode_contexts):
+        return self.factor * super().iteration_time(prefill, decode_contexts)
+
+
+def test_an_under_predicting_t_hat_shows_as_iterations_over_budget():
+    # negative control for the stats above: t̂ seeded 2x too fast and never refitted overspends b
+    e = LLMEngine(SimulatedExecutor(ScaledLatency(2.0)),
+                  EngineConfig(shadow_mode="harvest-slo", tpot_slo_s=0.05, num_blocks=4096, n_min=32,
+                               token_budget=512, refit_predictor=False), latency_model=LinearLatency())
+    for i in range(6):
+        e.add_request(f"n{i}", toks(200 + 50 * i, i), 40, tpot_slo=0.2)
+    for i in range(2):
+        e.add_shadow(f"s{i}", toks(3000, 50 + i))
+    while e.has_work():
+        if not e.step() and not e.scheduler.has_unfinished():
+            break
+    st = e.stats
+    assert st.shadow_budget_iterations > 0
+    assert st.shadow_over_budget > 0.5 * st.shadow_budget_iterations
+    assert st.shadow_budget_ratio_max > 1.05
 
 
 def test_credit_lets_shadow_ride_routed_decodes():

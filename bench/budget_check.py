@@ -1,0 +1,147 @@
+"""Where Algorithm 1's budget goes in one simulated run: why shadow chunks do (not) join iterations.
+
+    python bench/budget_check.py --workload ghcp-coding --window peak --duration 300
+    python bench/budget_check.py --workload fusionbench --policy harvest-slo --admission routed-first
+
+One window of the paper's pair (4 instances per model, ρ = 0.7, the workload's own session rate, seed 0)
+under one shadow policy. Every iteration that had shadow work queued is classified by what stopped line 10-12
+for the first runnable job (in queue order):
+
+- `b <= 0 (branch)`: lines 1-9 gave no budget (blocked: waiting queue or admission blocked; slo: a request
+  in the batch has no slack left; credit: none accrued);
+- `kv room`: line 11, no free or cold shadow pages;
+- `time, ctx NK`: line 10, no n_min-token chunk fits b at that job's cached context (N rounded down to 8K);
+- `took chunks`: it ran shadow work.
+
+It also prints the branch counts, the iteration time as a fraction of the TPOT SLO T (the paper's Figure 3b
+reads a median of about 0.25 at the peak hour), and for iterations given shadow chunks under a whole-iteration
+budget (SLO-slack or idle branch) their executed duration / b: above 1 the controller overspent its slack
+(engine stats `shadow_over_budget`, `shadow_budget_ratio_max`).
+
+The classification wraps `shadow.jobs.take` and `LLMEngine.schedule_step` for the run (a diagnostic; the
+engine's behaviour is unchanged).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import shadowprefill.engine.llm_engine as llm_engine  # noqa: E402
+from shadowprefill.cluster.router import SwitchPredictor  # noqa: E402
+from shadowprefill.sim import experiment  # noqa: E402
+from shadowprefill.sim.capacity import normal_rates  # noqa: E402
+from shadowprefill.sim.deployment import azure_normal_source  # noqa: E402
+from shadowprefill.sim.simulator import Simulator  # noqa: E402
+
+
+def _quantiles(values: list[float]) -> str:
+    v = sorted(values)
+    if not v:
+        return "none"
+    q = lambda f: v[min(len(v) - 1, int(f * len(v)))]  # noqa: E731
+    return f"p25 {q(0.25):.3f}  median {q(0.5):.3f}  p90 {q(0.9):.3f}  max {v[-1]:.3f}  (n {len(v)})"
+
+
+def run(workload: str, window: str, duration: float, policy: str, admission: str, seed: int = 0,
+        capacity: dict | None = None) -> dict:
+    """Simulate one window; return {"reasons", "branches", "iteration_over_T", "filled_over_b", "stats"}."""
+    exp = experiment.Experiment(workload=workload, models=("Qwen2.5-7B", "Llama-3.1-70B"),
+                                policies=["no-shadow", policy], duration_s=duration, warmup_s=120.0, seed=seed,
+                                window=window, capacity=dict(capacity or {}), sim={"admission": admission})
+    rates, _ = normal_rates(exp.models, experiment.sim_config(exp), exp.rho * experiment.WINDOW_LOAD[window],
+                            lengths=exp.lengths, capacity=exp.capacity)
+    sim = Simulator(experiment.sim_config(exp, rates), policy, experiment.build_sessions(exp),
+                    normal_source=azure_normal_source(exp.lengths), prior=SwitchPredictor())
+    reasons: collections.Counter = collections.Counter()
+    over_t: dict[str, list[float]] = collections.defaultdict(list)
+    over_b: list[float] = []
+    take, schedule_step = llm_engine.take, llm_engine.LLMEngine.schedule_step
+
+    def classify(queue, budget, kv, now, *, overlap=None):
+        chunks = take(queue, budget, kv, now, overlap=overlap)
+        if len(queue) == 0:
+            return chunks
+        if chunks:
+            reasons["took chunks"] += 1
+        elif budget.seconds <= 0.0:
+            reasons[f"b <= 0 ({budget.branch})"] += 1
+        else:
+            job = next(queue.runnable(budget.n_min), None)
+            if job is None:
+                reasons["no job with n_min pending tokens"] += 1
+            elif budget.read_kv_room(queue.block_size) < budget.n_min:
+                reasons["kv room"] += 1
+            elif budget.room() < budget.n_min:
+                reasons["token or sequence room"] += 1
+            else:
+                reasons[f"time, ctx {min(job.num_cached // 8192 * 8, 64)}K"] += 1
+        return chunks
+
+    def timed_step(engine):
+        it = schedule_step(engine)
+        if it is not None:
+            over_t[engine.kv.model_id or "model"].append(it.duration / engine.controller.tpot_slo)
+            if it.budget_s > 0.0:
+                over_b.append(it.duration / it.budget_s)
+        return it
+
+    llm_engine.take, llm_engine.LLMEngine.schedule_step = classify, timed_step
+    try:
+        start = time.perf_counter()
+        sim.run()
+        wall = time.perf_counter() - start
+    finally:
+        llm_engine.take, llm_engine.LLMEngine.schedule_step = take, schedule_step
+    branches: collections.Counter = collections.Counter()
+    for inst in sim.instances:
+        branches.update(inst.engine.stats.budget_branches)
+    return {"reasons": reasons, "branches": branches, "iteration_over_T": over_t, "filled_over_b": over_b,
+            "wall_s": wall}
+
+
+def chunk_costs(models=("Qwen2.5-7B", "Llama-3.1-70B"), n_min: int = 256, decodes: int = 64,
+                decode_context: int = 2048) -> dict:
+    """{model: {cached context: ms}}: what one n_min-token shadow chunk adds to an iteration of `decodes`
+    decodes at `decode_context` tokens, by the chunk's cached context (the simulator's H100 latency model)."""
+    from shadowprefill.model.latency import LatencyModel
+    out = {}
+    for model in models:
+        lm = LatencyModel(model, "h100")
+        base = lm.iteration_time([], [decode_context] * decodes)
+        out[model] = {ctx: 1e3 * (lm.iteration_time([(n_min, ctx)], [decode_context] * decodes) - base)
+                      for ctx in (0, 8192, 16384, 40960, 65536)}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workload", default="ghcp-coding")
+    p.add_argument("--window", default="peak", choices=sorted(experiment.WINDOW_LOAD))
+    p.add_argument("--duration", type=float, default=300.0)
+    p.add_argument("--policy", default="harvest-slo+host")
+    p.add_argument("--admission", default="fcfs", choices=("fcfs", "routed-first"))
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    out = run(args.workload, args.window, args.duration, args.policy, args.admission, args.seed)
+    total = sum(out["reasons"].values())
+    print(f"{args.workload} {args.window}, {args.policy}, {args.duration:.0f} s after 120 s "
+          f"({out['wall_s']:.0f} s wall)")
+    print("iterations with shadow work queued, by what stopped Algorithm 1 lines 10-12:")
+    for reason, n in out["reasons"].most_common():
+        print(f"  {reason:34s} {n:8d}  {100 * n / total:5.1f}%")
+    print("budget branches (all iterations):", dict(out["branches"]))
+    for model, values in out["iteration_over_T"].items():
+        print(f"iteration / T, {model}: {_quantiles(values)}")
+    print(f"filled iterations (SLO-slack, idle), duration / b: {_quantiles(out['filled_over_b'])}")
+    for model, costs in chunk_costs().items():
+        print(f"a 256-token chunk beside 64 decodes adds, {model}: "
+              + ", ".join(f"{ms:.1f} ms at {ctx // 1024}K" for ctx, ms in costs.items()))
+
+
+if __name__ == "__main__":
+    main()
