@@ -47,12 +47,14 @@ def _quantiles(values: list[float]) -> str:
     return f"p25 {q(0.25):.3f}  median {q(0.5):.3f}  p90 {q(0.9):.3f}  max {v[-1]:.3f}  (n {len(v)})"
 
 
-def run(workload: str, window: str, duration: float, policy: str, admission: str, seed: int = 0,
-        capacity: dict | None = None) -> dict:
+def run(workload: str, window: str, duration: float, policy: str, admission: str = "fcfs", seed: int = 0,
+        capacity: dict | None = None, warmup: float = 120.0, instances: int = 4,
+        session_rate: float | None = None) -> dict:
     """Simulate one window; return {"reasons", "branches", "iteration_over_T", "filled_over_b", "stats"}."""
     exp = experiment.Experiment(workload=workload, models=("Qwen2.5-7B", "Llama-3.1-70B"),
-                                policies=["no-shadow", policy], duration_s=duration, warmup_s=120.0, seed=seed,
-                                window=window, capacity=dict(capacity or {}), sim={"admission": admission})
+                                policies=["no-shadow", policy], duration_s=duration, warmup_s=warmup, seed=seed,
+                                window=window, capacity=dict(capacity or {}), sim={"admission": admission},
+                                instances=instances, session_rate=session_rate)
     rates, _ = normal_rates(exp.models, experiment.sim_config(exp), exp.rho * experiment.WINDOW_LOAD[window],
                             lengths=exp.lengths, capacity=exp.capacity)
     sim = Simulator(experiment.sim_config(exp, rates), policy, experiment.build_sessions(exp),
