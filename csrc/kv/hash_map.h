@@ -28,35 +28,16 @@ class HashMap {
   bool contains(const H128& k) const { return get(k) >= 0; }
 
   void set(const H128& k, int32_t v) {  // insert or overwrite (v >= 0)
-    if (2 * (size_ + 1) > slots_.size()) rehash(2 * slots_.size());
-    for (size_t i = k.lo & mask_;; i = (i + 1) & mask_) {
-      Slot& s = slots_[i];
-      if (s.value < 0) {
-        s.key = k;
-        s.value = v;
-        ++size_;
-        return;
-      }
-      if (s.key == k) {
-        s.value = v;
-        return;
-      }
-    }
+    bool inserted;
+    place(k, inserted).value = v;
   }
 
   // Insert k -> v unless k is present; returns whether it inserted (one probe).
   bool insert(const H128& k, int32_t v) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(2 * slots_.size());
-    for (size_t i = k.lo & mask_;; i = (i + 1) & mask_) {
-      Slot& s = slots_[i];
-      if (s.value < 0) {
-        s.key = k;
-        s.value = v;
-        ++size_;
-        return true;
-      }
-      if (s.key == k) return false;
-    }
+    bool inserted;
+    Slot& s = place(k, inserted);
+    if (inserted) s.value = v;
+    return inserted;
   }
 
   int32_t erase(const H128& k) {  // the removed value, -1 if absent
@@ -91,6 +72,25 @@ class HashMap {
     H128 key;
     int32_t value = -1;
   };
+
+  // The slot of k: its entry if present, else the empty slot that ends its probe run, claimed for k
+  // (`inserted`; the caller stores the value). Grows first so that the table stays at most half full.
+  Slot& place(const H128& k, bool& inserted) {
+    if (2 * (size_ + 1) > slots_.size()) rehash(2 * slots_.size());
+    for (size_t i = k.lo & mask_;; i = (i + 1) & mask_) {
+      Slot& s = slots_[i];
+      if (s.value < 0) {
+        s.key = k;
+        ++size_;
+        inserted = true;
+        return s;
+      }
+      if (s.key == k) {
+        inserted = false;
+        return s;
+      }
+    }
+  }
 
   void rehash(size_t capacity) {
     std::vector<Slot> old;
