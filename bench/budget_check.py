@@ -26,39 +26,34 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import shadowprefill.engine.llm_engine as llm_engine  # noqa: E402
-from shadowprefill.cluster.router import SwitchPredictor  # noqa: E402
+from shadowprefill.cluster.call_stats import percentile  # noqa: E402
 from shadowprefill.sim import experiment  # noqa: E402
 from shadowprefill.sim.capacity import normal_rates  # noqa: E402
-from shadowprefill.sim.deployment import azure_normal_source  # noqa: E402
-from shadowprefill.sim.simulator import Simulator  # noqa: E402
 
 
 def _quantiles(values: list[float]) -> str:
-    v = sorted(values)
-    if not v:
+    if not values:
         return "none"
-    q = lambda f: v[min(len(v) - 1, int(f * len(v)))]  # noqa: E731
-    return f"p25 {q(0.25):.3f}  median {q(0.5):.3f}  p90 {q(0.9):.3f}  max {v[-1]:.3f}  (n {len(v)})"
+    return (f"p25 {percentile(values, 25):.3f}  median {percentile(values, 50):.3f}  "
+            f"p90 {percentile(values, 90):.3f}  max {max(values):.3f}  (n {len(values)})")
 
 
 def run(workload: str, window: str, duration: float, policy: str, admission: str = "fcfs", seed: int = 0,
         capacity: dict | None = None, warmup: float = 120.0, instances: int = 4,
         session_rate: float | None = None) -> dict:
-    """Simulate one window; return {"reasons", "branches", "iteration_over_T", "filled_over_b", "stats"}."""
+    """Simulate one window; return {"reasons", "branches", "iteration_over_T", "filled_over_b", "wall_s"}."""
     exp = experiment.Experiment(workload=workload, models=("Qwen2.5-7B", "Llama-3.1-70B"),
                                 policies=["no-shadow", policy], duration_s=duration, warmup_s=warmup, seed=seed,
                                 window=window, capacity=dict(capacity or {}), sim={"admission": admission},
                                 instances=instances, session_rate=session_rate)
     rates, _ = normal_rates(exp.models, experiment.sim_config(exp), exp.rho * experiment.WINDOW_LOAD[window],
                             lengths=exp.lengths, capacity=exp.capacity)
-    sim = Simulator(experiment.sim_config(exp, rates), policy, experiment.build_sessions(exp),
-                    normal_source=azure_normal_source(exp.lengths), prior=SwitchPredictor())
+    sessions = experiment.build_sessions(exp)
     reasons: collections.Counter = collections.Counter()
     over_t: dict[str, list[float]] = collections.defaultdict(list)
     over_b: list[float] = []
@@ -94,16 +89,11 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
 
     llm_engine.take, llm_engine.LLMEngine.schedule_step = classify, timed_step
     try:
-        start = time.perf_counter()
-        sim.run()
-        wall = time.perf_counter() - start
+        result = experiment.run_policy(exp, policy, sessions, rates)
     finally:
         llm_engine.take, llm_engine.LLMEngine.schedule_step = take, schedule_step
-    branches: collections.Counter = collections.Counter()
-    for inst in sim.instances:
-        branches.update(inst.engine.stats.budget_branches)
-    return {"reasons": reasons, "branches": branches, "iteration_over_T": over_t, "filled_over_b": over_b,
-            "wall_s": wall}
+    return {"reasons": reasons, "branches": collections.Counter(result.extra["budget_branches"]),
+            "iteration_over_T": over_t, "filled_over_b": over_b, "wall_s": result.extra["wall_s"]}
 
 
 def chunk_costs(models=("Qwen2.5-7B", "Llama-3.1-70B"), n_min: int = 256, decodes: int = 64,
