@@ -1,26 +1,53 @@
-"""References for the op tests: the attention reference is shadowprefill.ops.reference (one reference
-for the ops' CPU path, the tests, the self-check and the device check; tests/ops/test_reference.py checks
-it against torch's own attention). Here: float64 block-major adapters, and test-only oracles for the copy
-ops written apart from the ops (explicit loops, no shared code), plus the assertion helpers.
+"""Oracles for the op and kernel tests, written apart from the ops (no shared code): attention by torch's
+scaled_dot_product_attention in float64 on K/V gathered through the block table (the check of both the
+kernels and shadowprefill.ops.reference, the ops' CPU path), explicit loops for the copy ops, plus the
+assertion helpers.
 """
 import torch
 
-from shadowprefill.ops import reference as ops_reference
 from shadowprefill.ops.reference import FP8_MAX
-
-
-def attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, sliding_window=None, softcap=None):
-    """float64 [T, Hq, D] of every query token, on the CPU."""
-    return ops_reference.paged_attention(q.cpu(), kv_cache.cpu(), layer, block_table.cpu(), cu_seqlens_q.cpu(),
-                                         seq_lens.cpu(), scale, sliding_window, softcap, dtype=torch.float64)
 
 
 def attention_kv(q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, scale, sliding_window=None,
                  softcap=None):
-    """float64 [T, Hq, D] over K/V views of any layout, on the CPU."""
-    return ops_reference.paged_attention_kv(q.cpu(), key_cache.cpu(), value_cache.cpu(), block_table.cpu(),
-                                            cu_seqlens_q.cpu(), seq_lens.cpu(), scale, sliding_window, softcap,
-                                            dtype=torch.float64)
+    """float64 [T, Hq, D] of every query token, on the CPU, over K/V views [num_blocks, block_size, Hkv, D]
+    of any layout, computed apart from shadowprefill.ops.reference: per sequence, the visible keys are
+    gathered position by position through the block table, and torch's scaled_dot_product_attention runs
+    in float64 with the causal (and window) mask as an explicit boolean mask (GQA by repeating heads); the
+    softcap formula is written out. 0 / None mean no window / no softcap."""
+    q, block_table = q.cpu(), block_table.cpu()
+    out = torch.full(q.shape, float("nan"), dtype=torch.float64)
+    group = q.shape[1] // key_cache.shape[2]
+    block_size = key_cache.shape[1]
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    for s, seq_len in enumerate(lens):
+        q_len = cu[s + 1] - cu[s]
+        if q_len == 0:
+            continue
+        first = max(0, seq_len - q_len - sliding_window + 1) if sliding_window else 0  # pages before: unread
+        pos = torch.arange(first, seq_len)
+        blocks = block_table[s, pos // block_size].long().to(key_cache.device)
+        slots = (pos % block_size).to(key_cache.device)
+        k = key_cache[blocks, slots].cpu().double().repeat_interleave(group, 1).transpose(0, 1)  # [Hq, n, D]
+        v = value_cache[blocks, slots].cpu().double().repeat_interleave(group, 1).transpose(0, 1)
+        qs = q[cu[s]:cu[s + 1]].double().transpose(0, 1)                                        # [Hq, q_len, D]
+        qpos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        visible = pos[None, :] <= qpos
+        if sliding_window:
+            visible &= pos[None, :] > qpos - sliding_window
+        if softcap:
+            logits = softcap * torch.tanh(scale * (qs @ k.transpose(1, 2)) / softcap)
+            o = logits.masked_fill(~visible, float("-inf")).softmax(-1) @ v
+        else:
+            o = torch.nn.functional.scaled_dot_product_attention(qs, k, v, attn_mask=visible, scale=scale)
+        out[cu[s]:cu[s + 1]] = o.transpose(0, 1)
+    return out
+
+
+def attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, sliding_window=None, softcap=None):
+    """attention_kv over layer `layer` of a block-major cache [num_blocks, L, 2, Hkv, block_size, D]."""
+    return attention_kv(q, kv_cache[:, layer, 0].transpose(1, 2), kv_cache[:, layer, 1].transpose(1, 2),
+                        block_table, cu_seqlens_q, seq_lens, scale, sliding_window, softcap)
 
 
 def write_kv(kv_cache, key, value, layer, slot_mapping):

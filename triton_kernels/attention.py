@@ -57,6 +57,36 @@ def _load_pages(block_table_row, start, key_hi, kv_valid_lo, seq_len, BLOCK_N: t
 
 
 @triton.jit
+def _kv_offsets(page, offs_n, offs_d, stride_b, stride_t, BLOCK_SIZE: tl.constexpr):
+    """Element offsets [BLOCK_N, HEAD_DIM_P] of the keys offs_n living on pages `page` (int64)."""
+    in_page = (offs_n % BLOCK_SIZE).to(tl.int64)
+    return (page.to(tl.int64) * stride_b + in_page * stride_t)[:, None] + offs_d[None, :]
+
+
+@triton.jit
+def _load_kv(base, offs, mask, d_ok, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """One K or V tile: masked rows (MASKED) or padded head dims read as 0."""
+    if MASKED:
+        return tl.load(base + offs, mask=mask, other=0.0)
+    elif HEAD_DIM != HEAD_DIM_P:
+        return tl.load(base + offs, mask=d_ok[None, :], other=0.0)
+    else:
+        return tl.load(base + offs)
+
+
+@triton.jit
+def _scores(qk, qk_scale, softcap, USE_SOFTCAP: tl.constexpr):
+    """Logits in base 2: scale * q.k * log2(e), or the softcapped ones (qk_scale = scale then)."""
+    if USE_SOFTCAP:
+        # softcap * tanh(scale * q.k / softcap), tanh(x) = 1 - 2 / (e^{2x} + 1); then base 2
+        x = qk * (qk_scale / softcap)
+        qk = softcap * (1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0))
+        return qk * 1.4426950408889634
+    else:
+        return qk * qk_scale
+
+
+@triton.jit
 def _attend_keys(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_lo, key_hi, kv_valid_lo, seq_len,
                  query_pos, qk_scale, softcap, window, stride_kb, stride_kt, stride_vb, stride_vt,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -75,32 +105,18 @@ def _attend_keys(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_lo, key_
     page_next = _load_pages(block_table_row, key_lo, key_hi, kv_valid_lo, seq_len, BLOCK_N, BLOCK_SIZE, MASKED)
     for start in range(key_lo, key_hi, BLOCK_N):  # one key tile per step
         offs_n = start + tl.arange(0, BLOCK_N)
-        page = page_next.to(tl.int64)
+        page = page_next
         page_next = _load_pages(block_table_row, start + BLOCK_N, key_hi, kv_valid_lo, seq_len, BLOCK_N,
                                 BLOCK_SIZE, MASKED)
-        if MASKED:
-            n_ok = (offs_n < seq_len) & (offs_n >= kv_valid_lo)
-        in_page = (offs_n % BLOCK_SIZE).to(tl.int64)
-        k_offs = (page * stride_kb + in_page * stride_kt)[:, None] + offs_d[None, :]  # int64 page offsets
+        n_ok = (offs_n < seq_len) & (offs_n >= kv_valid_lo)
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k_offs = _kv_offsets(page, offs_n, offs_d, stride_kb, stride_kt, BLOCK_SIZE)
         if SAME_KV_STRIDES:
             v_offs = k_offs
         else:
-            v_offs = (page * stride_vb + in_page * stride_vt)[:, None] + offs_d[None, :]
-        if MASKED:
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_base + k_offs, mask=kv_mask, other=0.0)
-        elif HEAD_DIM != HEAD_DIM_P:
-            k = tl.load(k_base + k_offs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_base + k_offs)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if USE_SOFTCAP:
-            # softcap * tanh(scale * q.k / softcap), tanh(x) = 1 - 2 / (e^{2x} + 1); then base 2
-            x = qk * (qk_scale / softcap)  # qk_scale = scale here (see below)
-            qk = softcap * (1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0))
-            qk = qk * 1.4426950408889634
-        else:
-            qk = qk * qk_scale  # scale * log2(e): softmax in base 2
+            v_offs = _kv_offsets(page, offs_n, offs_d, stride_vb, stride_vt, BLOCK_SIZE)
+        k = _load_kv(k_base, k_offs, kv_mask, d_ok, MASKED, HEAD_DIM, HEAD_DIM_P)
+        qk = _scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), qk_scale, softcap, USE_SOFTCAP)
         if MASKED:
             visible = (offs_n[None, :] <= query_pos[:, None]) & n_ok[None, :]
             if USE_WINDOW:
@@ -110,14 +126,61 @@ def _attend_keys(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_lo, key_
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_base + v_offs, mask=kv_mask, other=0.0)
-        elif HEAD_DIM != HEAD_DIM_P:
-            v = tl.load(v_base + v_offs, mask=d_ok[None, :], other=0.0)
-        else:
-            v = tl.load(v_base + v_offs)
+        v = _load_kv(v_base, v_offs, kv_mask, d_ok, MASKED, HEAD_DIM, HEAD_DIM_P)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_keys_overlap(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_lo, key_hi, qk_scale, softcap,
+                         stride_kb, stride_kt, stride_vb, stride_vt, HEAD_DIM: tl.constexpr,
+                         HEAD_DIM_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                         USE_SOFTCAP: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """_attend_keys for the unmasked range [key_lo, key_hi), software-pipelined by hand (the OVERLAP tiles).
+
+    The scores of key tile j + 1 are computed at step j and carried to step j + 1, whose softmax therefore
+    starts at once, before any dot of that step: on Hopper it runs while the P.V wgmma of step j (issued
+    asynchronously at the end of step j, accumulating into acc) is still on the tensor cores
+    (FlashAttention-3's softmax / P.V overlap, in the form Triton's wgmma pipeliner can keep in flight:
+    acc is next read after the step's q.K wait). The scores computed at the last step are thrown away; they
+    read the last tile again, never memory past the range. An empty range reads one tile and changes nothing.
+    """
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    d_ok = offs_d < HEAD_DIM
+    last = tl.maximum(key_hi - BLOCK_N, key_lo)  # the "next tile" of the last step: the last tile again
+    page_v = _load_pages(block_table_row, key_lo, key_hi, 0, key_hi, BLOCK_N, BLOCK_SIZE, False)
+    k = _load_kv(k_base, _kv_offsets(page_v, key_lo + tl.arange(0, BLOCK_N), offs_d, stride_kb, stride_kt,
+                                     BLOCK_SIZE), None, d_ok, False, HEAD_DIM, HEAD_DIM_P)
+    s = _scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), qk_scale, softcap, USE_SOFTCAP)
+    # page ids one step ahead, loaded for K (tile j + 1) and for V (tile j) separately: each is a value of
+    # the previous step (loop distance 1), which the software pipeliner requires
+    page_k = _load_pages(block_table_row, tl.minimum(key_lo + BLOCK_N, last), key_hi, 0, key_hi, BLOCK_N,
+                         BLOCK_SIZE, False)
+    for start in range(key_lo, key_hi, BLOCK_N):
+        # softmax of this tile (scores from the previous step), overlapping the previous step's P.V
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # scores of the next tile
+        offs_next = tl.minimum(start + BLOCK_N, last) + tl.arange(0, BLOCK_N)
+        k_next = _load_kv(k_base, _kv_offsets(page_k, offs_next, offs_d, stride_kb, stride_kt, BLOCK_SIZE), None,
+                          d_ok, False, HEAD_DIM, HEAD_DIM_P)
+        s_next = _scores(tl.dot(q, tl.trans(k_next), input_precision=DOT_PRECISION), qk_scale, softcap,
+                         USE_SOFTCAP)
+        offs_n = start + tl.arange(0, BLOCK_N)
+        if SAME_KV_STRIDES:
+            v_offs = _kv_offsets(page_v, offs_n, offs_d, stride_kb, stride_kt, BLOCK_SIZE)
+        else:
+            v_offs = _kv_offsets(page_v, offs_n, offs_d, stride_vb, stride_vt, BLOCK_SIZE)
+        v = _load_kv(v_base, v_offs, None, d_ok, False, HEAD_DIM, HEAD_DIM_P)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+        s = s_next
+        page_v = _load_pages(block_table_row, start + BLOCK_N, key_hi, 0, key_hi, BLOCK_N, BLOCK_SIZE, False)
+        page_k = _load_pages(block_table_row, tl.minimum(start + 2 * BLOCK_N, last), key_hi, 0, key_hi, BLOCK_N,
+                             BLOCK_SIZE, False)
     return acc, m_i, l_i
 
 
@@ -130,7 +193,7 @@ def paged_attention_kernel(
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
         BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
         SAME_KV_STRIDES: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
+        DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
     # flat program id -> (query tile, kv head, split), longest-first: the last tile of the grid runs first
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -172,7 +235,9 @@ def paged_attention_kernel(
     full_lo = tl.maximum(lo, tl.minimum(full_lo, tl.cdiv(kv_end, BLOCK_N) * BLOCK_N))
     full_hi = tl.maximum(full_lo, ((first + 1) // BLOCK_N) * BLOCK_N)
     if SPLIT:  # this program's share of [lo, kv_end), in whole key tiles
-        tiles_per_split = tl.cdiv(tl.cdiv(kv_end - lo, BLOCK_N), num_splits)
+        # at least MIN_SPLIT_TILES per split, from this sequence's real length: a short context in a launch
+        # sized for a long one uses fewer splits (the programs past its last split exit with lse = -inf)
+        tiles_per_split = tl.maximum(tl.cdiv(tl.cdiv(kv_end - lo, BLOCK_N), num_splits), MIN_SPLIT_TILES)
         split_lo = lo + split * tiles_per_split * BLOCK_N
         split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, kv_end)
     else:
@@ -191,11 +256,17 @@ def paged_attention_kernel(
             tl.minimum(full_lo, split_hi), kv_start, seq_len, query_pos, qk_scale, softcap, window, stride_kb,
             stride_kt, stride_vb, stride_vt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, True, USE_WINDOW,
             USE_SOFTCAP, SAME_KV_STRIDES, DOT_PRECISION)
-    acc, m_i, l_i = _attend_keys(  # keys every row sees: no masks
-        acc, m_i, l_i, q, k_base, v_base, block_table_row, tl.maximum(full_lo, split_lo),
-        tl.minimum(full_hi, split_hi), kv_start, seq_len, query_pos, qk_scale, softcap, window, stride_kb,
-        stride_kt, stride_vb, stride_vt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, False, USE_WINDOW,
-        USE_SOFTCAP, SAME_KV_STRIDES, DOT_PRECISION)
+    if OVERLAP:  # keys every row sees, the next tile's scores computed during this tile's softmax
+        acc, m_i, l_i = _attend_keys_overlap(
+            acc, m_i, l_i, q, k_base, v_base, block_table_row, tl.maximum(full_lo, split_lo),
+            tl.minimum(full_hi, split_hi), qk_scale, softcap, stride_kb, stride_kt, stride_vb, stride_vt,
+            HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, USE_SOFTCAP, SAME_KV_STRIDES, DOT_PRECISION)
+    else:
+        acc, m_i, l_i = _attend_keys(  # keys every row sees: no masks
+            acc, m_i, l_i, q, k_base, v_base, block_table_row, tl.maximum(full_lo, split_lo),
+            tl.minimum(full_hi, split_hi), kv_start, seq_len, query_pos, qk_scale, softcap, window, stride_kb,
+            stride_kt, stride_vb, stride_vt, HEAD_DIM, HEAD_DIM_P, BLOCK_N, BLOCK_SIZE, False, USE_WINDOW,
+            USE_SOFTCAP, SAME_KV_STRIDES, DOT_PRECISION)
     acc, m_i, l_i = _attend_keys(  # the causal diagonal and the unwritten tail of the last page
         acc, m_i, l_i, q, k_base, v_base, block_table_row, tl.maximum(full_hi, split_lo),
         tl.minimum(kv_end, split_hi), kv_start, seq_len, query_pos, qk_scale, softcap, window, stride_kb,
@@ -246,17 +317,24 @@ def launch_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         HEAD_DIM=head_dim, HEAD_DIM_P=tile.head_dim_padded, GROUP=num_q_heads // num_kv_heads,
         GROUP_P=tile.group_padded, BLOCK_Q=tile.block_q, BLOCK_N=tile.block_n, BLOCK_SIZE=block_size,
         SPLIT=splits > 1, SAME_KV_STRIDES=k_strides == v_strides, USE_WINDOW=sliding_window > 0,
-        USE_SOFTCAP=use_softcap, DOT_PRECISION=dot_precision, num_warps=tile.num_warps,
+        USE_SOFTCAP=use_softcap, DOT_PRECISION=dot_precision, OVERLAP=tile.overlap,
+        MIN_SPLIT_TILES=1 if launch.forced_num_splits() else max(1, launch.MIN_TOKENS_PER_SPLIT // tile.block_n),
+        num_warps=tile.num_warps,
         num_stages=tile.num_stages)
 
 
-def plan(q: torch.Tensor, key_cache: torch.Tensor, block_table: torch.Tensor, tiles=None) -> list:
-    """launch.plan_attention for these tensors (shapes only)."""
+def plan(q: torch.Tensor, key_cache: torch.Tensor, block_table: torch.Tensor, tiles=None,
+         seq_lens: torch.Tensor = None) -> list:
+    """launch.plan_attention for these tensors. The longest context is seq_lens.max() when seq_lens is a
+    CPU tensor (free to read), else the block-table width x block size (a CUDA seq_lens is never read on
+    the host: no sync, graph-capturable); the kernel then caps each sequence's splits by its real length."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
+    max_context = block_table.shape[1] * block_size
+    if seq_lens is not None and seq_lens.device.type == "cpu" and seq_lens.numel():
+        max_context = min(max_context, int(seq_lens.max()))
     return launch.plan_attention(num_tokens, block_table.shape[0], head_dim, num_q_heads // num_kv_heads,
-                                 num_kv_heads, block_table.shape[1] * block_size, q.dtype,
-                                 launch.device_limits(q.device), tiles)
+                                 num_kv_heads, max_context, q.dtype, launch.device_limits(q.device), tiles)
 
 
 def paged_attention_kv(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -275,7 +353,7 @@ def paged_attention_kv(q: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     if q.shape[0] == 0:
         return
     _check_supported(q.shape[2])
-    for p in plan(q, key_cache, block_table, tiles):
+    for p in plan(q, key_cache, block_table, tiles, seq_lens):
         if p.num_splits == 1:
             launch_attention(q, key_cache, value_cache, block_table, cu_seqlens_q, seq_lens, scale, out,
                              sliding_window, softcap, p)

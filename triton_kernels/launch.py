@@ -104,6 +104,7 @@ class AttentionTile:
     head_dim_padded: int
     num_warps: int
     num_stages: int
+    overlap: bool = False  # the unmasked key loop issues the next tile's scores before this tile's softmax
 
     @property
     def block_m(self) -> int:
@@ -111,8 +112,8 @@ class AttentionTile:
 
     @property
     def spec(self) -> str:
-        """The override syntax of this tile: ROWSxKEYSwWARPSsSTAGES, e.g. 128x64w8s3."""
-        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}"
+        """The override syntax of this tile: ROWSxKEYSwWARPSsSTAGES[o], e.g. 128x64w8s3 or 128x64w8s3o."""
+        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}" + ("o" if self.overlap else "")
 
 
 def attention_tile(head_dim: int, group: int, dtype: torch.dtype, decode: bool,
@@ -123,6 +124,10 @@ def attention_tile(head_dim: int, group: int, dtype: torch.dtype, decode: bool,
     the kernel is bound by reading K/V, so rows beyond the real queries are nearly free.
     prefill: 128 rows at head_dim <= 128, 64 at 256, 8 warps (4 spill registers at head_dim 256).
     64 keys per step (32 at head_dim 256), three stages: two K/V tiles in flight while one is consumed.
+    16-bit prefill tiles at head_dim <= 128 use the overlapped main loop (`overlap`, spec suffix "o": the
+    softmax of one key tile runs while the P.V wgmma of the previous one is in flight; see
+    attention._attend_keys_overlap); "128x64w8s3" selects the previous loop, "64x32w4s4o" a tile of which
+    two CTAs fit one H100 SM (bench/sm90_compile_report.py shows all three).
     float32 (3-pass tf32 dots): 32 keys, at most 32 rows (16 at head_dim 256), 4 warps.
     `override` (a TileSpec string such as "128x64w8s3") replaces rows, keys, warps and stages. Rows are
     raised to the padded GQA group; a tile whose modelled shared memory exceeds one CTA's (H100 limit)
@@ -134,16 +139,19 @@ def attention_tile(head_dim: int, group: int, dtype: torch.dtype, decode: bool,
     block_n = 64 if head_dim_padded <= 128 else 32
     num_warps = 4 if decode else 8
     num_stages = 3
+    overlap = not decode and dtype != torch.float32 and head_dim_padded <= 128
     if dtype == torch.float32:
         block_n, num_warps = 32, 4
         rows = min(rows, 32 if head_dim_padded <= 128 else 16)
     if override is not None:
-        rows, block_n, num_warps, num_stages = parse_tile(override, f"{'decode' if decode else 'prefill'} tile")
+        rows, block_n, num_warps, num_stages, overlap = parse_tile(
+            override, f"{'decode' if decode else 'prefill'} tile")
     rows = max(rows, group_padded)
 
     def tile():
         return AttentionTile(block_q=rows // group_padded, group_padded=group_padded, block_n=block_n,
-                             head_dim_padded=head_dim_padded, num_warps=num_warps, num_stages=num_stages)
+                             head_dim_padded=head_dim_padded, num_warps=num_warps, num_stages=num_stages,
+                             overlap=overlap)
 
     while tile_resources(tile(), dtype)[0] > H100_LIMITS.smem_per_block:
         if block_n > 16:
@@ -157,21 +165,23 @@ def attention_tile(head_dim: int, group: int, dtype: torch.dtype, decode: bool,
     return tile()
 
 
-_TILE_RE = re.compile(r"^(\d+)x(\d+)w(\d+)s(\d+)$")
+_TILE_RE = re.compile(r"^(\d+)x(\d+)w(\d+)s(\d+)(o?)$")
 
 
 def parse_tile(spec: str, name: str = "tile") -> tuple:
-    """"ROWSxKEYSwWARPSsSTAGES" -> (rows, keys, warps, stages), each checked; ValueError naming `name`."""
+    """"ROWSxKEYSwWARPSsSTAGES[o]" -> (rows, keys, warps, stages, overlap), each checked; ValueError naming
+    `name`. A trailing "o" selects the overlapped main loop (attention._attend_keys_overlap)."""
     match = _TILE_RE.match(str(spec).strip())
     if not match:
-        raise ValueError(f"{name}: expected ROWSxKEYSwWARPSsSTAGES such as 128x64w8s3, got {spec!r}")
-    rows, keys, warps, stages = (int(g) for g in match.groups())
+        raise ValueError(f"{name}: expected ROWSxKEYSwWARPSsSTAGES[o] such as 128x64w8s3, got {spec!r}")
+    rows, keys, warps, stages = (int(g) for g in match.groups()[:4])
+    overlap = match.group(5) == "o"
     for value, what, low, high in ((rows, "rows", 16, 256), (keys, "keys", 16, 256), (warps, "warps", 1, 16)):
         if value & (value - 1) or not low <= value <= high:
             raise ValueError(f"{name}: {what} must be a power of two in [{low}, {high}], got {value} in {spec!r}")
     if not 1 <= stages <= 6:
         raise ValueError(f"{name}: stages must be in [1, 6], got {stages} in {spec!r}")
-    return rows, keys, warps, stages
+    return rows, keys, warps, stages, overlap
 
 
 def _parse_tiles(tiles, name: str) -> dict:
@@ -272,11 +282,14 @@ def tile_resources(tile: AttentionTile, dtype: torch.dtype) -> tuple:
     kv_tile = tile.block_n * tile.head_dim_padded * elem
     p_staging = 0 if wgmma else tile.block_m * tile.block_n * elem  # wgmma takes p from registers
     smem = 2 * buffers * kv_tile + tile.block_m * tile.head_dim_padded * elem + p_staging + 4 * tile.block_n
+    if tile.overlap:  # the first K tile of the overlapped loop is staged outside the pipelined buffers
+        smem += kv_tile
     if dtype == torch.float32:  # 3-pass tf32 dots stage q and p a second time and need every register
         return smem + tile.block_m * (tile.head_dim_padded + tile.block_n) * 4, 255
-    tile_bytes = (tile.block_m * tile.head_dim_padded * 4 + tile.block_m * tile.block_n * 4  # acc, scores
-                  + tile.block_m * tile.head_dim_padded * elem                               # q fragment
-                  + 2 * tile.block_n * tile.head_dim_padded * 2)                             # K/V addresses
+    scores = (2 if tile.overlap else 1) * tile.block_m * tile.block_n * 4  # the overlap carries the next scores
+    tile_bytes = (tile.block_m * tile.head_dim_padded * 4 + scores                            # acc, scores
+                  + tile.block_m * tile.head_dim_padded * elem                                # q fragment
+                  + 2 * tile.block_n * tile.head_dim_padded * 2)                              # K/V addresses
     per_thread = tile_bytes // (4 * threads)
     regs = min(255, 48 + per_thread + per_thread // 4)
     return smem, regs
@@ -302,8 +315,10 @@ def num_kv_splits(programs: int, max_context: int, capacity: int) -> int:
     """KV splits for a launch of `programs` busy CTAs on a device holding `capacity` of them at once.
 
     Splitting pays when the programs alone leave resident slots idle: split into capacity // programs
-    pieces (one full wave), never below MIN_TOKENS_PER_SPLIT keys per split of the longest possible context
-    (block_table width * block_size, known without a sync), at most MAX_SPLITS.
+    pieces (one full wave), never below MIN_TOKENS_PER_SPLIT keys per split of the longest context (the
+    largest seq_len where the host has it for free, else block_table width * block_size), at most
+    MAX_SPLITS. The kernel applies the same floor per sequence from its real length, so a short context
+    in a wide launch uses fewer of the splits.
     """
     if programs <= 0 or 2 * programs > capacity:
         return 1

@@ -66,6 +66,15 @@ def positive_float(v, name: str) -> float:
     return float(v) if isinstance(v, (int, float)) else v
 
 
+def non_negative_float(v, name: str) -> float:
+    """A finite number >= 0 (0 = the feature is off)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, torch.SymInt, torch.SymFloat)):
+        raise TypeError(f"{name}: expected a float, got {type(v).__name__}")
+    if not (v >= 0 and v < float("inf")):
+        raise ValueError(f"{name}: must be a finite number >= 0 (0 = off), got {v}")
+    return float(v) if isinstance(v, (int, float)) else v
+
+
 def kv_cache(x, name: str = "kv_cache") -> torch.Tensor:
     """A block-major cache [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim]."""
     tensor(x, name, 6, FLOAT_DTYPES)

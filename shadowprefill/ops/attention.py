@@ -146,8 +146,8 @@ def _(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, out, slidi
 
 def _options(q, out, sliding_window, softcap):
     """Python-level argument normalisation shared by both wrappers: (out, window, softcap)."""
-    window = 0 if sliding_window is None else check.integer(sliding_window, "sliding_window", 1)
-    cap = 0.0 if softcap is None else check.positive_float(softcap, "softcap")
+    window = 0 if sliding_window is None else check.integer(sliding_window, "sliding_window", 0)
+    cap = 0.0 if softcap is None else check.non_negative_float(softcap, "softcap")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     check.tensor(out, "out")
@@ -166,8 +166,9 @@ def paged_attention_kv(q: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     [num_blocks, 2, Hkv, block_size, D]. No copy is made. block_table [S, max_blocks] int32,
     cu_seqlens_q [S+1] int32 (query offsets), seq_lens [S] int32 (cached context + new tokens; the new
     tokens' K/V are already written). `out` (like q, contiguous) is written and returned; allocated when
-    None. `sliding_window` W > 0: a query at position p sees keys p-W < j <= p. `softcap` c > 0:
-    logits = c * tanh(scale * q.k / c). Hq must be a multiple of Hkv (GQA).
+    None. `sliding_window` W > 0: a query at position p sees keys p-W < j <= p; None or 0 means no window.
+    `softcap` c > 0: logits = c * tanh(scale * q.k / c); None or 0.0 means no softcap. Hq must be a
+    multiple of Hkv (GQA).
     """
     check.tensor(q, "q")
     for value, name in ((key_cache, "key_cache"), (value_cache, "value_cache"), (block_table, "block_table"),
@@ -185,7 +186,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_t
                     out: Optional[torch.Tensor] = None, sliding_window: Optional[int] = None,
                     softcap: Optional[float] = None) -> torch.Tensor:
     """paged_attention_kv over layer `layer` of this project's block-major `kv_cache`
-    [num_blocks, num_layers, 2, Hkv, block_size, D] (views kv_cache[:, layer, 0 / 1].transpose(1, 2))."""
+    [num_blocks, num_layers, 2, Hkv, block_size, D] (views kv_cache[:, layer, 0 / 1].transpose(1, 2)).
+    sliding_window / softcap as there: None, 0 and 0.0 mean off."""
     check.tensor(q, "q")
     check.integer(layer, "layer", 0)
     for value, name in ((kv_cache, "kv_cache"), (block_table, "block_table"), (cu_seqlens_q, "cu_seqlens_q"),

@@ -11,7 +11,7 @@ import torch
 import reference
 from shadowprefill import ops
 
-from .batch import make_batch, new_pool, op_args
+from shadowprefill.ops.testing import nan_pool, random_batch
 from .matrix import TRITON_DTYPES
 
 MIXED = [(36, 1), (15, 1), (21, 7), (0, 19)]
@@ -54,8 +54,8 @@ def bits(x):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [d for d in TRITON_DTYPES if d != torch.float32])
 def test_paged_attention_kv_matches_the_block_major_reference(backend, device, layout, dtype):
-    pool = new_pool(24, 2, 2, 16, 64, dtype, device)
-    batch = op_args(make_batch(MIXED, pool, layer=1, num_q_heads=4))
+    pool = nan_pool(24, 2, 2, 16, 64, dtype, device)
+    batch = random_batch(MIXED, pool, layer=1, num_q_heads=4)
     ref = reference.attention(**batch, sliding_window=20, softcap=8.0)
     _, key_cache, value_cache = layout_views(pool, 1, layout)
     out = torch.full_like(batch["q"], float("nan"))
@@ -81,8 +81,8 @@ def test_write_kv_cache_writes_exactly_the_slots(backend, device, layout):
 
 def test_block_major_ops_are_the_layout_ops_on_page_views(backend, device):
     """paged_attention / write_kv give bit-identical results to the *_kv ops on kv[:, layer, k].transpose."""
-    pool = new_pool(24, 2, 2, 16, 64, torch.float16, device)
-    batch = op_args(make_batch(MIXED, pool, layer=1, num_q_heads=4))
+    pool = nan_pool(24, 2, 2, 16, 64, torch.float16, device)
+    batch = random_batch(MIXED, pool, layer=1, num_q_heads=4)
     a = ops.paged_attention(**batch)
     k, v = pool[:, 1, 0].transpose(1, 2), pool[:, 1, 1].transpose(1, 2)
     b = ops.paged_attention_kv(batch["q"], k, v, batch["block_table"], batch["cu_seqlens_q"], batch["seq_lens"],
@@ -142,8 +142,8 @@ def test_write_kv_cache_rejects_bad_views():
 
 def test_opcheck_and_compile_on_engine_layouts():
     """opcheck on vLLM and FlashInfer HND views; torch.compile(fullgraph) writing through kv[0] / kv[1]."""
-    pool = new_pool(16, 2, 2, 16, 64, torch.float32)
-    batch = op_args(make_batch([(9, 1), (3, 6)], pool, layer=1, num_q_heads=4))
+    pool = nan_pool(16, 2, 2, 16, 64, torch.float32)
+    batch = random_batch([(9, 1), (3, 6)], pool, layer=1, num_q_heads=4)
     pool.copy_(torch.where(pool.isnan(), torch.randn_like(pool), pool))  # opcheck compares with NaN != NaN
     sp = torch.ops.shadowprefill
     for layout in ("vllm", "flashinfer-hnd"):

@@ -4,12 +4,12 @@ import torch
 
 from shadowprefill import ops
 
-from .batch import make_batch, new_pool, op_args
+from shadowprefill.ops.testing import nan_pool, random_batch
 
 
 def small_inputs(device):
-    pool = new_pool(16, 2, 2, 16, 64, torch.float32, device)
-    batch = op_args(make_batch([(9, 1), (3, 6)], pool, layer=1, num_q_heads=4))
+    pool = nan_pool(16, 2, 2, 16, 64, torch.float32, device)
+    batch = random_batch([(9, 1), (3, 6)], pool, layer=1, num_q_heads=4)
     pool.copy_(torch.where(pool.isnan(), torch.randn_like(pool), pool))  # opcheck compares with NaN != NaN
     key = torch.randn(3, 2, 64, device=device)
     slots = torch.tensor([40, -1, 200], device=device)

@@ -7,7 +7,7 @@ import torch
 import reference
 from shadowprefill.ops import paged_attention
 
-from .batch import make_batch, new_pool, op_args
+from shadowprefill.ops.testing import nan_pool, random_batch
 from .matrix import TRITON_DTYPES, backend_cases
 
 # decodes (one on a full 16-token block, one on a full 32-token block), a prefill chunk on cached
@@ -24,7 +24,7 @@ PAIRWISE += [(torch.bfloat16, 2, 128, 16)] if torch.bfloat16 in TRITON_DTYPES el
 
 
 def run_and_check(batch, dtype, **kwargs):
-    args = op_args(batch)
+    args = batch
     out = torch.full_like(args["q"], float("nan"))
     result = paged_attention(**args, out=out, **kwargs)
     assert result is out
@@ -36,20 +36,20 @@ def run_and_check(batch, dtype, **kwargs):
 @pytest.mark.parametrize("backend, case", backend_cases(FULL, PAIRWISE), indirect=["backend"])
 def test_mixed_batch(backend, device, case):
     dtype, gqa, head_dim, block_size = case
-    pool = new_pool(64, 2, NUM_KV_HEADS, block_size, head_dim, dtype, device)
-    batch = make_batch(MIXED, pool, layer=1, num_q_heads=NUM_KV_HEADS * gqa)
+    pool = nan_pool(64, 2, NUM_KV_HEADS, block_size, head_dim, dtype, device)
+    batch = random_batch(MIXED, pool, layer=1, num_q_heads=NUM_KV_HEADS * gqa)
     run_and_check(batch, dtype)
 
 
 @pytest.fixture(scope="module")
 def large_pool():
     """32,768 tiny pages (1 layer, 1 kv head, 16 x 64 fp16 = 128 MiB): ids far from 0 in the table."""
-    return new_pool(32768, 1, 1, 16, 64, torch.float16, "cuda" if torch.cuda.is_available() else "cpu")
+    return nan_pool(32768, 1, 1, 16, 64, torch.float16, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_large_pool_random_table(backend, device, large_pool):
     pool = large_pool.to(device)  # no copy when the devices match
-    batch = make_batch([(100, 1), (47, 9), (0, 30), (250, 1)], pool, layer=0, num_q_heads=2)
+    batch = random_batch([(100, 1), (47, 9), (0, 30), (250, 1)], pool, layer=0, num_q_heads=2)
     assert int(batch["block_table"].max()) == pool.shape[0] - 1
     run_and_check(batch, torch.float16)
 
@@ -57,44 +57,44 @@ def test_large_pool_random_table(backend, device, large_pool):
 @pytest.mark.parametrize("window, softcap", [(8, None), (None, 1.5), (20, 2.0), (1, None)])
 def test_sliding_window_softcap(backend, device, window, softcap):
     dtype = torch.float32
-    pool = new_pool(64, 1, 2, 16, 64, dtype, device)
-    batch = make_batch([(40, 7), (60, 1), (0, 25), (3, 1)], pool, layer=0, num_q_heads=4)
+    pool = nan_pool(64, 1, 2, 16, 64, dtype, device)
+    batch = random_batch([(40, 7), (60, 1), (0, 25), (3, 1)], pool, layer=0, num_q_heads=4)
     run_and_check(batch, dtype, sliding_window=window, softcap=softcap)
 
 
 def test_window_leaves_pages_before_it_unread(backend, device):
     """Pages wholly before the window are never read: their table entries may point anywhere in range."""
     dtype = torch.float16
-    pool = new_pool(64, 1, 2, 16, 64, dtype, device)
-    batch = make_batch([(70, 2)], pool, layer=0, num_q_heads=2)
+    pool = nan_pool(64, 1, 2, 16, 64, dtype, device)
+    batch = random_batch([(70, 2)], pool, layer=0, num_q_heads=2)
     # positions 70, 71 with window 16 see 55..71: blocks 3, 4 only; blocks 0-2 now point at the NaN page
-    batch["block_table"][0, :3] = batch["nan_page"]
+    batch["block_table"][0, :3] = batch.nan_page
     run_and_check(batch, dtype, sliding_window=16)
 
 
 def test_block_table_padding_is_ignored():
     """Entries past each sequence's last page (and pages a window skips) are never looked at: -1 is fine
     there. Reference backend only: a kernel that wrongly dereferenced -1 would crash the interpreter."""
-    pool = new_pool(64, 1, 2, 16, 64, torch.float32)
-    batch = make_batch([(30, 1), (70, 2), (3, 4)], pool, layer=0, num_q_heads=2, pad_id=-1)
+    pool = nan_pool(64, 1, 2, 16, 64, torch.float32)
+    batch = random_batch([(30, 1), (70, 2), (3, 4)], pool, layer=0, num_q_heads=2, pad_id=-1)
     batch["block_table"][1, :3] = -1
     run_and_check(batch, torch.float32, sliding_window=16)
 
 
 def test_edge_cases(backend, device):
     dtype = torch.float32
-    pool = new_pool(32, 1, 2, 16, 64, dtype, device)
+    pool = nan_pool(32, 1, 2, 16, 64, dtype, device)
     # a sequence with no new tokens between others, a one-token sequence, a decode at a block boundary
-    batch = make_batch([(20, 3), (40, 0), (0, 1), (16, 1)], pool, layer=0, num_q_heads=4)
+    batch = random_batch([(20, 3), (40, 0), (0, 1), (16, 1)], pool, layer=0, num_q_heads=4)
     run_and_check(batch, dtype)
     # an empty batch
-    empty = make_batch([], pool, layer=0, num_q_heads=4)
-    assert paged_attention(**op_args(empty)).shape == (0, 4, 64)
+    empty = random_batch([], pool, layer=0, num_q_heads=4)
+    assert paged_attention(**empty).shape == (0, 4, 64)
 
 
 def test_out_is_allocated_when_none(backend, device):
-    pool = new_pool(32, 1, 1, 16, 64, torch.float16, device)
-    batch = make_batch([(5, 3)], pool, layer=0, num_q_heads=1)
-    out = paged_attention(**op_args(batch))
+    pool = nan_pool(32, 1, 1, 16, 64, torch.float16, device)
+    batch = random_batch([(5, 3)], pool, layer=0, num_q_heads=1)
+    out = paged_attention(**batch)
     assert out.shape == batch["q"].shape and out.dtype == torch.float16
-    reference.assert_close_to_reference(out, reference.attention(**op_args(batch)), torch.float16)
+    reference.assert_close_to_reference(out, reference.attention(**batch), torch.float16)

@@ -1,57 +1,31 @@
 """shadowprefill.ops.reference, the one attention reference, against torch's own attention.
 
 Everything else (the ops' CPU path, the kernel tests, the self-check, the device check) trusts this module,
-so here it is checked against an independent computation: torch.nn.functional.scaled_dot_product_attention
-in float64 on K/V gathered token by token through the block table (GQA by repeating heads, the causal and
-window masks as explicit boolean masks), and, for the softcap, the formula written out.
+so here it is checked against an independent computation, tests/reference.py's oracle:
+torch.nn.functional.scaled_dot_product_attention in float64 on K/V gathered position by position through the
+block table (GQA by repeating heads, the causal and window masks as explicit boolean masks), and, for the
+softcap, the formula written out. The op tests compare both backends with the same oracle.
 """
 import math
 
 import pytest
 import torch
 
+import reference as oracle  # tests/reference.py: torch SDPA in float64, written apart from the ops
 from shadowprefill.ops import reference
-
-from .batch import make_batch, new_pool, op_args
+from shadowprefill.ops.testing import nan_pool, random_batch
 
 
 def torch_attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, window=None, softcap=None):
-    out = torch.full(q.shape, float("nan"), dtype=torch.float64)
-    group = q.shape[1] // kv_cache.shape[3]
-    block_size = kv_cache.shape[4]
-    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
-    for s, seq_len in enumerate(lens):
-        q_len = cu[s + 1] - cu[s]
-        if q_len == 0:
-            continue
-        # keys of positions 0..seq_len-1, one token at a time (unread pages never touched: window below)
-        first = max(0, seq_len - q_len - window + 1) if window else 0
-        rows = [kv_cache[int(block_table[s, p // block_size]), layer, :, :, p % block_size]
-                for p in range(first, seq_len)]
-        kv = torch.stack(rows).double()                                  # [n, 2, Hkv, D]
-        k = kv[:, 0].repeat_interleave(group, 1).transpose(0, 1)         # [Hq, n, D]
-        v = kv[:, 1].repeat_interleave(group, 1).transpose(0, 1)
-        qs = q[cu[s]:cu[s + 1]].double().transpose(0, 1)                 # [Hq, q_len, D]
-        qpos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        kpos = torch.arange(first, seq_len)[None, :]
-        visible = kpos <= qpos
-        if window:
-            visible &= kpos > qpos - window
-        if softcap:
-            logits = softcap * torch.tanh(scale * (qs @ k.transpose(1, 2)) / softcap)
-            o = logits.masked_fill(~visible, float("-inf")).softmax(-1) @ v
-        else:
-            o = torch.nn.functional.scaled_dot_product_attention(qs, k, v, attn_mask=visible, scale=scale)
-        out[cu[s]:cu[s + 1]] = o.transpose(0, 1)
-    return out
+    return oracle.attention(q, kv_cache, layer, block_table, cu_seqlens_q, seq_lens, scale, window, softcap)
 
 
 @pytest.mark.parametrize("window, softcap", [(None, None), (9, None), (None, 2.5), (20, 5.0), (1, None)])
 @pytest.mark.parametrize("gqa", [1, 4])
 def test_paged_reference_matches_torch_attention(window, softcap, gqa):
-    pool = new_pool(64, 2, 2, 16, 64, torch.float32)
-    batch = op_args(make_batch([(36, 1), (15, 1), (21, 7), (0, 19), (40, 0), (47, 33)], pool, layer=1,
-                               num_q_heads=2 * gqa))
+    pool = nan_pool(64, 2, 2, 16, 64, torch.float32)
+    batch = random_batch([(36, 1), (15, 1), (21, 7), (0, 19), (40, 0), (47, 33)], pool, layer=1,
+                         num_q_heads=2 * gqa)
     expected = torch_attention(**batch, window=window, softcap=softcap)
     for dtype in (torch.float64, torch.float32):
         got = reference.paged_attention(**batch, sliding_window=window, softcap=softcap, dtype=dtype)
@@ -61,8 +35,8 @@ def test_paged_reference_matches_torch_attention(window, softcap, gqa):
 
 
 def test_out_argument_is_written_in_its_dtype():
-    pool = new_pool(32, 1, 2, 16, 64, torch.float16)
-    batch = op_args(make_batch([(20, 3), (5, 9)], pool, layer=0, num_q_heads=2))
+    pool = nan_pool(32, 1, 2, 16, 64, torch.float16)
+    batch = random_batch([(20, 3), (5, 9)], pool, layer=0, num_q_heads=2)
     out = torch.full_like(batch["q"], float("nan"))
     result = reference.paged_attention(**batch, out=out, dtype=torch.float32)
     assert result is out and out.dtype == torch.float16 and bool(torch.isfinite(out).all())
@@ -87,8 +61,8 @@ def test_dense_reference_is_the_paged_one_on_one_page_table():
 
 def test_long_prefill_is_computed_in_blocks_of_queries():
     """More logits than one block holds (the reference bounds memory by query blocks): same result."""
-    pool = new_pool(40, 1, 1, 16, 32, torch.float32)
-    batch = op_args(make_batch([(100, 200)], pool, layer=0, num_q_heads=8))
+    pool = nan_pool(40, 1, 1, 16, 32, torch.float32)
+    batch = random_batch([(100, 200)], pool, layer=0, num_q_heads=8)
     limit = reference._MAX_LOGITS
     try:
         reference._MAX_LOGITS = 8 * 300 * 7  # 7 queries per block

@@ -55,9 +55,9 @@ ATTENTION_STRUCTURE = [
     (with_(A, out=torch.empty(5, 4, 64, dtype=F16)), TypeError, "out"),
     (with_(A, out=torch.empty(4, 64, 5).permute(2, 0, 1)), ValueError, "out"),
     (with_(A, out=[1, 2]), TypeError, "out"),
-    (with_(A, sliding_window=0), ValueError, "sliding_window"),
+    (with_(A, sliding_window=-1), ValueError, "sliding_window"),
     (with_(A, sliding_window=2.5), TypeError, "sliding_window"),
-    (with_(A, softcap=0.0), ValueError, "softcap"),
+    (with_(A, softcap=float("inf")), ValueError, "softcap"),
     (with_(A, softcap=-30.0), ValueError, "softcap"),
 ]
 ATTENTION_VALUES = [
@@ -75,6 +75,16 @@ ATTENTION_VALUES = [
 def test_paged_attention_structure(args, error, name):
     with pytest.raises(error, match=name):
         ops.paged_attention(**args)
+
+
+def test_zero_window_and_softcap_mean_off():
+    """sliding_window=0 and softcap=0.0 are the documented "off" values: the same result as None, and
+    different from a real window / softcap on this batch (so the comparison can fail)."""
+    off = ops.paged_attention(**A)
+    zero = ops.paged_attention(**with_(A, sliding_window=0, softcap=0.0))
+    torch.testing.assert_close(zero, off, rtol=0, atol=0)
+    assert not torch.allclose(ops.paged_attention(**with_(A, sliding_window=3)), off)
+    assert not torch.allclose(ops.paged_attention(**with_(A, softcap=0.5)), off)
 
 
 @pytest.mark.parametrize("args, message", ATTENTION_VALUES)

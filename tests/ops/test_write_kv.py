@@ -7,7 +7,7 @@ import torch
 import reference
 from shadowprefill.ops import write_kv
 
-from .batch import new_pool
+from shadowprefill.ops.testing import nan_pool
 from .matrix import TRITON_DTYPES, backend_cases
 
 FULL = list(itertools.product((torch.float32, torch.float16, torch.bfloat16), (1, 4), (64, 128), (16, 32)))
@@ -45,18 +45,18 @@ def check_write(pool, num_tokens, layer, num_skipped):
 @pytest.mark.parametrize("backend, case", backend_cases(FULL, PAIRWISE), indirect=["backend"])
 def test_write_kv(backend, device, case):
     dtype, heads, head_dim, block_size = case
-    pool = new_pool(16, 3, heads, block_size, head_dim, dtype, device)
+    pool = nan_pool(16, 3, heads, block_size, head_dim, dtype, device)
     check_write(pool, num_tokens=40, layer=2, num_skipped=5)
 
 
 def test_write_kv_large_pool(backend, device):
-    pool = new_pool(32768, 1, 1, 16, 16, torch.float16, device)  # 32 MiB
+    pool = nan_pool(32768, 1, 1, 16, 16, torch.float16, device)  # 32 MiB
     check_write(pool, num_tokens=64, layer=0, num_skipped=3)
 
 
 def test_write_kv_repeated_calls_fill_pages(backend, device):
     """Token-by-token decode writes land next to a prefill's, in the same page."""
-    pool = new_pool(8, 2, 2, 16, 64, torch.float32, device)
+    pool = nan_pool(8, 2, 2, 16, 64, torch.float32, device)
     key, value = torch.randn(20, 2, 64, device=device), torch.randn(20, 2, 64, device=device)
     slots = torch.tensor([5 * 16 + i for i in range(16)] + [2 * 16 + i for i in range(4)], device=device)
     write_kv(key[:17], value[:17], pool, 1, slots[:17])
@@ -68,7 +68,7 @@ def test_write_kv_repeated_calls_fill_pages(backend, device):
 
 
 def test_write_kv_empty_and_all_skipped(backend, device):
-    pool = new_pool(4, 1, 1, 16, 64, torch.float16, device)
+    pool = nan_pool(4, 1, 1, 16, 64, torch.float16, device)
     empty = torch.empty(0, 1, 64, dtype=torch.float16, device=device)
     write_kv(empty, empty, pool, 0, torch.empty(0, dtype=torch.int64, device=device))
     key = torch.randn(3, 1, 64, device=device).half()

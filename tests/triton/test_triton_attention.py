@@ -12,7 +12,12 @@ import torch
 import reference
 from shadowprefill import triton_kernels as tk
 from shadowprefill.triton_kernels import launch
-from triton_batch import ATTENTION_DTYPES, DEVICE, HAS_CUDA, build, nan_pool
+from shadowprefill.ops.testing import nan_pool as _nan_pool, random_batch as build
+from triton_batch import ATTENTION_DTYPES, DEVICE, HAS_CUDA
+
+
+def nan_pool(*shape_and_dtype):
+    return _nan_pool(*shape_and_dtype, device=DEVICE)
 
 MIXED = [(20, 1), (9, 12), (0, 5), (33, 1)]  # decodes, a chunk on cached context, a fresh prefill
 
@@ -113,6 +118,24 @@ def test_tile_override_gives_the_same_result():
         out = torch.full_like(batch["q"], float("nan"))
         tk.paged_attention(**batch, out=out, tiles=tiles)
         reference.assert_close_to_reference(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("spec", ["32x16w4s3o", "32x16w4s3", "16x32w4s4o"])
+def test_prefill_loop_variants_overlapped_and_not(dtype, spec):
+    """The overlapped main loop ("o" tiles: the next tile's scores carried across steps, the last step's
+    thrown away), the previous loop, and a small overlapped tile, on chunks whose unmasked key ranges hold
+    0, 1 and several tiles, with a split and with window + softcap; all against the float64 oracle."""
+    pool = nan_pool(48, 1, 2, 16, 64, dtype)
+    batch = build([(100, 40), (16, 20), (0, 9), (33, 1)], pool, layer=0, num_q_heads=4)
+    for kwargs in ({}, {"splits": 3}, {"window": 60, "softcap": 4.0}):
+        out = torch.full_like(batch["q"], float("nan"))
+        with launch.forced_splits(kwargs.get("splits")):
+            tk.paged_attention(**batch, out=out, sliding_window=kwargs.get("window", 0),
+                               softcap=kwargs.get("softcap", 0.0), tiles={"prefill": spec})
+        ref = reference.attention(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in batch.items()},
+                                  sliding_window=kwargs.get("window"), softcap=kwargs.get("softcap"))
+        reference.assert_close_to_reference(out, ref, dtype)
 
 
 @pytest.mark.parametrize("window", [24, 130])
