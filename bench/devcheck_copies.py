@@ -1,6 +1,7 @@
 """Copy sections of bench/device_check.py: pack / unpack against a device copy, copy_blocks spill / reload
 of scattered pages against one contiguous pinned copy, the layer-wise reload (kv/reload.py) overlapped with
-a matmul per layer against copy + compute and the pipeline model, and copy_blocks over 1 / 17 / 64 / 256
+a matmul per layer against copy + compute and the pipeline model, one layer slice of scattered pages (the
+gather kernel's case) against a contiguous pinned copy of the same bytes, and copy_blocks over 1 / 17 / 64 / 256
 merged runs of small (16 KiB) and large (2 MiB) pages on each path (auto, copy engine only, gather kernel
 only).
 
@@ -129,6 +130,45 @@ def reload_overlap(table, device, host, gpu, src_ids, dst_ids, whole_s, dry, dea
               f"copy + compute {(whole_s + compute_s) * 1e3:.3f} ms", (whole_s + compute_s) / seconds,
               f"pipeline model {model * 1e3:.3f} ms (measured / model {seconds / model:.2f}); copy "
               f"{whole_s * 1e3:.3f} ms, compute {compute_s * 1e3:.3f} ms")
+
+
+def layer_slice_reload(table, device, ceil, dry, deadline, results):
+    """One layer of 256 scattered Llama pages (a 64 KiB slice per page, below the copy-engine threshold, so
+    `auto` takes the gather kernel) pinned host -> GPU, as the layer-wise reload issues it, against one
+    contiguous pinned copy of the same bytes; each path (auto / gather kernel / one memcpy per page)."""
+    num_pages, moved = (64, 16) if dry else (1024, 256)
+    gpu = pages(dry, device, num_pages)
+    host = pinned_like(pages(dry, device, num_pages), pin=device.type == "cuda")
+    src_ids, dst_ids = torch.randperm(num_pages)[:moved], torch.randperm(num_pages)[:moved]
+    layer = gpu.shape[1] // 2
+    nbytes = moved * gpu[0, layer].numel() * gpu.element_size()
+    flat_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    flat_gpu = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    contiguous = timing.median_seconds([lambda: flat_gpu.copy_(flat_host, non_blocking=True)], device, graph=False)
+    cells, rates = [], {}
+    for path in (("auto", "kernel", "memcpy") if device.type == "cuda" else ("auto",)):
+        if time.time() > deadline:
+            cells.append(f"{path} skipped")
+            continue
+        previous = os.environ.get("SHADOWPREFILL_COPY_PATH")
+        os.environ["SHADOWPREFILL_COPY_PATH"] = path
+        try:
+            seconds = timing.median_seconds(
+                [lambda: ops.copy_blocks(host, gpu, src_ids, dst_ids, layers=(layer, layer + 1))], device, graph=False)
+        finally:
+            if previous is None:
+                os.environ.pop("SHADOWPREFILL_COPY_PATH")
+            else:
+                os.environ["SHADOWPREFILL_COPY_PATH"] = previous
+        rates[path] = nbytes / seconds
+        cells.append(f"{path} {nbytes / seconds / 1e9:.3g}")
+    if "auto" not in rates:
+        table.add("layer slice", f"h2d 1 layer of {moved} pages", None, "", note="skipped: time budget")
+        return
+    results["layer_slice"] = rates["auto"] * contiguous / nbytes
+    table.add("layer slice", f"h2d 1 layer of {moved} scattered pages", rates["auto"] / 1e9, "GB/s (auto)", None,
+              f"contiguous pinned copy of the same bytes {nbytes / contiguous / 1e9:.3g} GB/s",
+              results["layer_slice"], f"GB/s by path: {', '.join(cells)}; {nbytes / 2**20:.3g} MiB")
 
 
 def ids_with_runs(num_runs, total_pages, num_pages):

@@ -1,15 +1,16 @@
 """Correctness part of bench/device_check.py: the Triton kernels against float64 / exact references.
 
-The attention reference is shadowprefill.ops.reference (float64, on the device), the one reference the
-ops' CPU path and the tests use; it is independent of the kernels. Outputs are poisoned with NaN before
+The attention reference is shadowprefill.ops.reference in float64 (on the device), the one reference the
+ops' CPU path uses, itself checked against torch SDPA in float64 by tests/ops/test_reference.py; it is
+independent of the kernels. The fp8 reference runs on the CPU (exact division, as the kernel's div.rn.f32). Outputs are poisoned with NaN before
 each call; pages' unwritten tails hold NaN. Every input is random (never zeros) and fresh per check.
 """
-import math
 
 import torch
 
 from shadowprefill import triton_kernels as tk
 from shadowprefill.ops import reference
+from shadowprefill.ops.testing import random_batch
 from shadowprefill.triton_kernels import launch
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # rel. norm vs float64
@@ -17,35 +18,15 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # 
 
 def make_batch(seqs, num_blocks, num_layers, num_kv_heads, num_q_heads, block_size, head_dim, dtype, device,
                high_ids=False):
-    """Random batch for seqs = [(context, q_len)]; pages in random order (or the highest ids), NaN tails,
-    table padding pointing at an all-NaN page."""
-    lens = [c + n for c, n in seqs]
-    needed = [-(-n // block_size) for n in lens]
-    total = sum(needed) + 1
+    """shadowprefill.ops.testing.random_batch (the tests' builder) over a new pool: random page order, or
+    the highest ids of a mostly untouched (lazily committed) pool with `high_ids`."""
     shape = (num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim)
-    if high_ids:  # the highest ids of a mostly untouched pool (lazily committed on the CPU)
-        ids = torch.randperm(total) + (num_blocks - total)
-        pool = torch.empty(shape, dtype=dtype, device=device)
-        pool[ids.to(device)] = torch.randn((total,) + shape[1:], device=device).to(dtype)
-    else:
-        ids = torch.randperm(num_blocks)[:total]
-        pool = torch.randn(shape, device=device).to(dtype)
-    ids = ids.tolist()
-    nan_page = ids[-1]
-    pool[nan_page] = float("nan")
-    table = torch.full((len(seqs), max(needed) + 1), nan_page, dtype=torch.int32)
-    used = 0
-    for s, length in enumerate(lens):
-        table[s, :needed[s]] = torch.tensor(ids[used:used + needed[s]], dtype=torch.int32)
-        used += needed[s]
-        valid = length - (needed[s] - 1) * block_size
-        pool[int(table[s, needed[s] - 1]), :, :, :, valid:] = float("nan")  # unwritten tail
-    q_lens = [n for _, n in seqs]
-    cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
-    q = torch.randn(sum(q_lens), num_q_heads, head_dim, device=device, dtype=torch.float32).to(dtype)
-    return dict(q=q, kv_cache=pool, layer=num_layers - 1, block_table=table.to(device),
-                cu_seqlens_q=cu.to(device), seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-                scale=1.0 / math.sqrt(head_dim))
+    pool = torch.empty(shape, dtype=dtype, device=device)
+    ids = None
+    if high_ids:
+        total = sum(-(-(c + n) // block_size) for c, n in seqs) + 1
+        ids = (torch.randperm(total) + (num_blocks - total)).tolist()
+    return random_batch(seqs, pool, num_layers - 1, num_q_heads, block_ids=ids)
 
 
 def engine_views(kv_cache, layer, layout):
@@ -160,11 +141,12 @@ def check_copies(table, device, dry):
     soft, soft_scales = tk.pack_blocks(pool, ids, 0, shape[1], "fp8", force_soft_fp8=True)
     same = torch.equal(hw.view(torch.uint8), soft.view(torch.uint8)) and torch.equal(hw_scales, soft_scales)
     table.add("check", "fp8 pack: device cvt == integer cvt", float(same), "1=ok", note=_ok(same))
-    ref_payload, ref_scales = reference.quantize_fp8(pool[ids])
-    agree = float((ref_payload.view(torch.uint8) == hw.view(torch.uint8)).float().mean())
-    table.add("check", "fp8 pack == torch cast (payload)", agree, "fraction", note=_ok(agree == 1.0))
-    scales_equal = torch.equal(ref_scales, hw_scales)  # exact division (div.rn.f32), as torch
-    table.add("check", "fp8 pack scales == torch amax / 448", float(scales_equal), "1=ok", note=_ok(scales_equal))
+    ref_payload, ref_scales = reference.quantize_fp8(pool[ids].cpu())  # on the CPU: exact divisions
+    agree = float((ref_payload.view(torch.uint8) == hw.cpu().view(torch.uint8)).float().mean())
+    table.add("check", "fp8 pack == torch cast on the CPU (payload)", agree, "fraction", note=_ok(agree == 1.0))
+    scales_equal = torch.equal(ref_scales, hw_scales.cpu())  # exact division (div.rn.f32) on both sides
+    table.add("check", "fp8 pack scales == amax / 448 on the CPU", float(scales_equal), "1=ok",
+              note=_ok(scales_equal))
     back = torch.zeros_like(pool)
     tk.unpack_blocks(hw, hw_scales, back, ids, 0, shape[1])
     pages = pool[ids].double()

@@ -12,6 +12,7 @@ import torch
 
 import devcheck_timing as timing
 from shadowprefill import triton_kernels as tk
+from shadowprefill.ops.testing import random_batch
 from shadowprefill.triton_kernels import launch
 
 GIB = 2 ** 30
@@ -28,10 +29,6 @@ class Config:
         self.token_kv_bytes = 2 * self.num_kv_heads * self.head_dim * self.elem  # K + V of one token, one layer
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
-    def pool(self, num_pages: int, device) -> torch.Tensor:
-        shape = (num_pages, 1, 2, self.num_kv_heads, self.block_size, self.head_dim)
-        return torch.randn(shape, device=device, dtype=self.dtype)
-
 
 def ceilings(table, device, dry) -> dict:
     copy = timing.copy_ceiling(device, (16 << 20) if dry else 2 * GIB)
@@ -46,31 +43,25 @@ def ceilings(table, device, dry) -> dict:
     return result
 
 
+def pool_for(seqs, copies, cfg, device) -> torch.Tensor:
+    """An unwritten pool with room for `copies` batches of seqs (their pages plus one NaN page each)."""
+    pages = sum(-(-(c + n) // cfg.block_size) for c, n in seqs) + 1
+    shape = (copies * pages, 1, 2, cfg.num_kv_heads, cfg.block_size, cfg.head_dim)
+    return torch.empty(shape, device=device, dtype=cfg.dtype)
+
+
 def paged_problems(pool, seqs, copies, cfg, device):
-    """`copies` independent batches for seqs = [(context, q_len)] over disjoint random pages of `pool`."""
-    bs = cfg.block_size
-    lens = [c + n for c, n in seqs]
-    pages = [-(-n // bs) for n in lens]
-    needed = sum(pages)
+    """`copies` independent batches for seqs = [(context, q_len)] over disjoint random pages of `pool`, each
+    from shadowprefill.ops.testing.random_batch (the tests' builder: random K/V, NaN tails and padding)."""
+    needed = sum(-(-(c + n) // cfg.block_size) for c, n in seqs) + 1
     if copies * needed > pool.shape[0]:
         raise ValueError(f"pool of {pool.shape[0]} pages < {copies} x {needed}")
-    perm = torch.randperm(pool.shape[0], device=device)[:copies * needed].to(torch.int32)
-    q_lens = [n for _, n in seqs]
-    cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32).to(device)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    perm = torch.randperm(pool.shape[0])[:copies * needed].tolist()
     problems = []
     for c in range(copies):
-        ids = perm[c * needed:(c + 1) * needed]
-        if len(set(pages)) == 1:
-            table = ids.view(len(seqs), pages[0]).contiguous()
-        else:
-            table = torch.zeros((len(seqs), max(pages)), dtype=torch.int32, device=device)
-            offset = 0
-            for s, n in enumerate(pages):
-                table[s, :n] = ids[offset:offset + n]
-                offset += n
-        q = torch.randn((sum(q_lens), cfg.num_q_heads, cfg.head_dim), device=device, dtype=cfg.dtype)
-        problems.append(dict(q=q, block_table=table, cu=cu, lens=seq_lens, out=torch.empty_like(q)))
+        b = random_batch(seqs, pool, 0, cfg.num_q_heads, block_ids=perm[c * needed:(c + 1) * needed])
+        problems.append(dict(q=b["q"], block_table=b["block_table"], cu=b["cu_seqlens_q"], lens=b["seq_lens"],
+                             out=torch.empty_like(b["q"])))
     return problems
 
 
@@ -98,11 +89,14 @@ def causal_flops(context: int, chunk: int, cfg) -> int:
     return 4 * cfg.num_q_heads * cfg.head_dim * (chunk * context + chunk * (chunk + 1) // 2)
 
 
-def time_prefill(table, section, device, cfg, context, chunk, ceil, results, peers=True, tiles=None):
-    """Time one chunk-on-context shape (ours, then the SDPA peers); add its row; return TFLOP/s."""
+def time_prefill(table, section, device, cfg, context, chunk, ceil, results, peers=True, tiles=None,
+                 kind="prefill"):
+    """Time one chunk-on-context shape (ours, then the SDPA peers); add its row; return TFLOP/s. Results go
+    to results[kind + "_rate"], [kind + "_vs_peer"] (vs the best peer) and [kind + "_peers"] (ours / each
+    peer, flash and cuDNN apart)."""
     seqs = [(context, chunk)]
     copies = timing.rotation_count(problem_bytes(seqs, cfg), timing.l2_bytes(device), cap=8)
-    pool = cfg.pool(copies * -(-(context + chunk) // cfg.block_size), device)
+    pool = pool_for(seqs, copies, cfg, device)
     problems = paged_problems(pool, seqs, copies, cfg, device)
     seconds = timing.median_seconds(attention_calls(pool, problems, cfg, tiles), device)
     rate = causal_flops(context, chunk, cfg) / seconds
@@ -115,8 +109,9 @@ def time_prefill(table, section, device, cfg, context, chunk, ceil, results, pee
         if timed:
             best = min(timed.values())
             vs_peer = best / seconds
-            results.setdefault("prefill_vs_peer", {})[(context, chunk)] = vs_peer
-    results.setdefault("prefill_rate", {})[(context, chunk)] = rate
+            results.setdefault(kind + "_vs_peer", {})[(context, chunk)] = vs_peer
+            results.setdefault(kind + "_peers", {})[(context, chunk)] = {n: s / seconds for n, s in timed.items()}
+    results.setdefault(kind + "_rate", {})[(context, chunk)] = rate
     label = " ".join(f"{kind}={spec}" for kind, spec in (tiles or {}).items())
     table.add(section, f"chunk {chunk} on ctx {context}" + (f" tiles {label}" if tiles else ""), rate / 1e12,
               "TFLOP/s", rate / ceil["matmul"], peer_text and f"SDPA TFLOP/s: {peer_text}", vs_peer,
@@ -199,7 +194,7 @@ def short_chunks(table, device, ceil, dry, deadline, results):
         if time.time() > deadline:
             table.add("short chunk", f"chunk {chunk} on ctx {context}", None, "", note="skipped: time budget")
             continue
-        time_prefill(table, "short chunk", device, cfg, context, chunk, ceil, results)
+        time_prefill(table, "short chunk", device, cfg, context, chunk, ceil, results, kind="short")
 
 
 def decode_shapes(dry):
@@ -226,7 +221,7 @@ def decode(table, device, ceil, dry, deadline, results, which="goal"):
             continue
         copies = timing.rotation_count(kv, l2)
         seqs = [(context - 1, 1)] * batch
-        pool = cfg.pool(copies * batch * -(-context // cfg.block_size), device)
+        pool = pool_for(seqs, copies, cfg, device)
         problems = paged_problems(pool, seqs, copies, cfg, device)
         seconds = timing.median_seconds(attention_calls(pool, problems, cfg), device)
         rate = kv / seconds
@@ -250,8 +245,7 @@ def mixed(table, device, ceil, dry, deadline, results):
             continue
         variants = {"mixed": decodes + chunk, "decodes": decodes, "chunk": chunk}
         copies = timing.rotation_count(problem_bytes(variants["mixed"], cfg), timing.l2_bytes(device), cap=16)
-        pages = sum(-(-(c + n) // cfg.block_size) for c, n in variants["mixed"])
-        pool = cfg.pool(copies * pages, device)
+        pool = pool_for(variants["mixed"], copies, cfg, device)
         seconds = {}
         for name, seqs in variants.items():
             problems = paged_problems(pool, seqs, copies, cfg, device)
@@ -264,29 +258,38 @@ def mixed(table, device, ceil, dry, deadline, results):
         del pool
 
 
-SWEEP_PREFILL = ["128x64w8s3", "128x32w8s3", "128x64w8s4", "128x128w8s2", "64x64w4s3", "128x64w4s3"]
-SWEEP_DECODE = ["16x64w4s3", "16x32w4s3", "16x128w4s3", "16x64w4s4", "16x64w8s3", "16x32w4s4"]
+# the default (overlapped main loop, 1 CTA/SM), the previous loop, the two-CTA overlapped tile, the previous
+# two-CTA-capable tile, a narrower overlapped tile (bench/sm90_compile_report.py shows each one's resources)
+SWEEP_PREFILL = ["128x64w8s3o", "128x64w8s3", "64x32w4s4o", "64x64w4s3", "128x32w8s3o"]
+SWEEP_DECODE = ["16x64w4s3", "16x32w4s3", "16x64w4s4"]
+DRY_SWEEP_PREFILL = ["32x32w4s3o", "32x32w4s3"]
 
 
-def tile_sweep(table, device, ceil, dry, deadline, results):
-    """Other tiles on the main shapes, while time remains (launch.parse_tile syntax; the first of each list
-    is the default)."""
+def prefill_tile_sweep(table, device, ceil, dry, deadline, results):
+    """The prefill tiles on a 2,048-token chunk and a 256-token chunk at 32K (launch.parse_tile syntax; the
+    first is the default): the first timing rows of the run, old and new main loop side by side."""
     cfg = Config(dry)
     prefill_shapes = [(64, 32)] if dry else [(32768, 2048), (32768, 256)]
-    prefill_tiles = ["32x32w4s3", "16x16w4s3"] if dry else SWEEP_PREFILL
+    prefill_tiles = DRY_SWEEP_PREFILL if dry else SWEEP_PREFILL
     for context, chunk in prefill_shapes:
         for spec in prefill_tiles:
             if time.time() > deadline:
                 table.add("tile sweep", f"chunk {chunk} on ctx {context} tiles prefill={spec}", None, "",
                           note="skipped: time budget")
                 continue
-            time_prefill(table, "tile sweep", device, cfg, context, chunk, ceil, {}, peers=False,
-                         tiles={"prefill": spec})
+            rate = time_prefill(table, "tile sweep", device, cfg, context, chunk, ceil, {}, peers=False,
+                                tiles={"prefill": spec})
+            results.setdefault("sweep", {})[(context, chunk, spec)] = rate
+
+
+def decode_tile_sweep(table, device, ceil, dry, deadline, results):
+    """Decode tiles on 64 x 8K, while time remains (the first is the default)."""
+    cfg = Config(dry)
     batch, context = (2, 64) if dry else (64, 8192)
     kv = batch * context * cfg.token_kv_bytes
     copies = timing.rotation_count(kv, timing.l2_bytes(device))
     seqs = [(context - 1, 1)] * batch
-    pool = cfg.pool(copies * batch * -(-context // cfg.block_size), device)
+    pool = pool_for(seqs, copies, cfg, device)
     problems = paged_problems(pool, seqs, copies, cfg, device)
     for spec in (["16x16w4s3"] if dry else SWEEP_DECODE):
         if time.time() > deadline:

@@ -13,7 +13,12 @@ counts, and for the attention kernel the pipelining read from the TTGIR and PTX.
     tile's K and V in flight (a partial wait, num >= 2: two commit groups per tile);
   - launch.tile_resources (the occupancy model of the planner) is below the compiler's shared memory or
     registers for any attention variant;
-  - the fp8 pack kernel (device conversion) divides with anything but div.rn.f32 (torch divides exactly).
+  - the fp8 pack kernel (device conversion) divides with anything but div.rn.f32 (torch divides exactly);
+  - an OVERLAP attention variant (tile suffix "o") has no wgmma loop whose every exp2 (the softmax) runs
+    while a wgmma group is still in flight (read from the PTX: wgmma.commit_group / wgmma.wait_group N
+    around ex2.approx, two passes over the loop body), or spills registers.
+Per attention variant the report prints shared memory per CTA, registers / spills and the planner's CTAs
+per SM, for the default prefill tile and the tiles of PREFILL_TILES (the previous loop, the two-CTA tiles).
 This costs no device time and catches lowering errors, resource overflows and pipelining regressions
 before a GPU run; it says nothing about speed.
 
@@ -47,6 +52,9 @@ KERNELS = [attention.paged_attention_kernel, attention_split.reduce_splits_kerne
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
          torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# besides the default prefill tile (128x64w8s3o, the overlapped main loop): the previous loop, the two-CTA
+# overlapped tile and the previous two-CTA-capable tile, compared by the first GPU run's tile sweep
+PREFILL_TILES = ["128x64w8s3", "64x32w4s4o", "64x64w4s3"]
 
 
 def capture_launches(run_calls):
@@ -132,7 +140,41 @@ def pipelining(ttgir: str, ptx: str, constexprs: dict) -> dict:
     loops = key_loops(ttgir)
     waits = [[int(n) for n in re.findall(r"async_wait[^\n]*\{num = (\d+)", body)] for body in loops]
     ptx_waits = sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)})
-    return {"buffers": buffers, "loops": len(loops), "loop_waits": waits, "ptx_waits": ptx_waits}
+    return {"buffers": buffers, "loops": len(loops), "loop_waits": waits, "ptx_waits": ptx_waits,
+            "overlap": wgmma_overlap(ptx)}
+
+
+def wgmma_overlap(ptx: str) -> list:
+    """Per PTX loop that issues wgmma: (exp2 executed while a wgmma group is in flight, exp2 in the loop).
+
+    A loop body is the text from a label to a branch back to it; its instructions are walked twice (the
+    second pass starts with the groups left pending by the first, as the next iteration does): a
+    wgmma.commit_group adds a pending group, wgmma.wait_group N leaves at most N, and each ex2.approx of
+    the second pass counts as overlapped when a group is pending, i.e. the softmax runs on the CUDA cores
+    while the tensor cores still work."""
+    lines = ptx.splitlines()
+    labels = {m[1]: i for i, line in enumerate(lines) if (m := re.match(r"^\s*(\$L__BB\d+_\d+):", line))}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
+        if not (m and labels.get(m[1], i) < i):
+            continue
+        body = lines[labels[m[1]]:i]
+        if not any("wgmma.mma_async" in b for b in body):
+            continue
+        pending, under, total = 0, 0, 0
+        for second in (False, True):
+            for b in body:
+                if "wgmma.commit_group" in b:
+                    pending += 1
+                wait = re.search(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", b)
+                if wait:
+                    pending = min(pending, int(wait[1]))
+                if second and "ex2.approx" in b:
+                    total += 1
+                    under += pending > 0
+        loops.append((under, total))
+    return loops
 
 
 def attention_problems(variant, constexprs, options, signature, metadata, res, failures, label):
@@ -144,7 +186,14 @@ def attention_problems(variant, constexprs, options, signature, metadata, res, f
     pipe = variant
     line = (f"K/V buffers {pipe['buffers']}, waits in {pipe['loops']} key loops {pipe['loop_waits']}, "
             f"ptx wait_group {pipe['ptx_waits']}; model smem {model_smem} regs {model_regs}, "
-            f"{launch.ctas_per_sm(tile, dtype)} CTAs/SM")
+            f"{launch.ctas_per_sm(tile, dtype)} CTAs/SM; exp2 under wgmma in flight per wgmma loop "
+            f"{[f'{u}/{t}' for u, t in pipe['overlap']]}")
+    if constexprs.get("OVERLAP"):
+        if not any(u > 0 and u == t for u, t in pipe["overlap"]):
+            failures.append(f"{label}: OVERLAP variant without a loop whose softmax runs under a wgmma in flight "
+                            f"({pipe['overlap']})")
+        if res and (res["stack"] or res["local"]):
+            failures.append(f"{label}: OVERLAP variant spills registers (stack {res['stack']}, local {res['local']})")
     if dtype != torch.float32:
         if not pipe["buffers"] or min(pipe["buffers"]) < 2:
             failures.append(f"{label}: K/V buffers {pipe['buffers']} < 2")
@@ -179,6 +228,8 @@ def workloads(quick: bool):
             tk.paged_attention_kv(q, kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2), *args)
 
     calls = [("prefill 2048 on 32K", lambda: attention_call([(32768, 2048)])),
+             *[(f"prefill 2048 on 32K tile {spec}", lambda s=spec: with_prefill_tile(s, attention_call, [(32768, 2048)]))
+               for spec in PREFILL_TILES],
              ("decode 64 x 8K", lambda: attention_call([(8191, 1)] * 64)),
              ("decode 1 x 128K (split)", lambda: attention_call([(131071, 1)])),
              ("chunk 256 on 32K (split)", lambda: attention_call([(32768, 256)])),
@@ -208,6 +259,11 @@ def workloads(quick: bool):
             calls.append((f"unpack {label}", gpu_fp8(lambda b=buf, s=scales, f=soft: tk.unpack_blocks(
                 b, s, cache, ids, 0, 32, force_soft_fp8=f))))
     return calls
+
+
+def with_prefill_tile(spec, attention_call, seqs):
+    with launch.forced_tiles(prefill=spec):
+        attention_call(seqs)
 
 
 def gpu_fp8(call):

@@ -126,7 +126,9 @@ def quantize_fp8(pages: torch.Tensor):
     amax / 448 over the tile's finite values (1 for an all-zero tile), payload = x / scale clamped."""
     x = pages.to(torch.float32, copy=True)  # divided in place below: never the caller's tensor
     amax = x.abs().nan_to_num_(nan=0.0, posinf=0.0).amax(dim=(-2, -1))  # finite values only
-    scales = torch.where(amax > 0, amax / FP8_MAX, 1.0)
+    # tensor / tensor: an exact division on every device (CUDA's tensor / python-float multiplies by the
+    # reciprocal, one ulp off for about half of all scales)
+    scales = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), 1.0)
     payload = x.div_(scales[..., None, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
     return payload, scales
 
