@@ -6,12 +6,11 @@ extra_info. On the CPU the kernels run under the Triton interpreter with tiny sh
 show that the benchmarks run. The full GPU table (ceilings, peers, all shapes of issue 3) is
 bench/device_check.sh.
 """
-import math
-
 import pytest
 import torch
 
 from shadowprefill import triton_kernels as tk
+from shadowprefill.ops.testing import random_batch
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -25,21 +24,12 @@ def sync():
 
 
 def attention_batch(seqs):
-    """Random batch for [(context, q_len)] over a pool holding exactly its pages, in random order."""
-    lens = [c + n for c, n in seqs]
-    pages = [-(-n // BLOCK) for n in lens]
-    pool = torch.randn((sum(pages), 1, 2, KV_HEADS, BLOCK, HEAD_DIM), device=DEVICE).to(DTYPE)
-    ids = torch.randperm(sum(pages), device=DEVICE).to(torch.int32)
-    table = torch.zeros((len(seqs), max(pages)), dtype=torch.int32, device=DEVICE)
-    offset = 0
-    for s, n in enumerate(pages):
-        table[s, :n] = ids[offset:offset + n]
-        offset += n
-    q_lens = [n for _, n in seqs]
-    q = torch.randn((sum(q_lens), Q_HEADS, HEAD_DIM), device=DEVICE).to(DTYPE)
-    cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32).to(DEVICE)
-    args = (q, pool, 0, table, cu, torch.tensor(lens, dtype=torch.int32, device=DEVICE), 1 / math.sqrt(HEAD_DIM),
-            torch.empty_like(q))
+    """shadowprefill.ops.testing.random_batch for [(context, q_len)] over a pool of exactly its pages (+ the
+    NaN page), in random order; returns (tk.paged_attention args, pool)."""
+    pages = sum(-(-(c + n) // BLOCK) for c, n in seqs) + 1
+    pool = torch.empty((pages, 1, 2, KV_HEADS, BLOCK, HEAD_DIM), device=DEVICE, dtype=DTYPE)
+    b = random_batch(seqs, pool, 0, Q_HEADS, block_ids=torch.randperm(pages).tolist())
+    args = (b["q"], pool, 0, b["block_table"], b["cu_seqlens_q"], b["seq_lens"], b["scale"], torch.empty_like(b["q"]))
     return args, pool
 
 

@@ -202,3 +202,17 @@ def test_copy_tile_covers_a_unit(unit):
     tile = launch.copy_tile(unit)
     assert tile.chunk * tile.num_chunks >= unit > tile.chunk * (tile.num_chunks - 1)
     assert tile.units_per_program * tile.chunk <= 8192
+
+
+def test_split_count_from_real_context_lengths_not_table_width():
+    """Two decodes of 100 and 200 tokens in a 1,000-page-wide table: with seq_lens on the host the plan
+    splits nothing (one split needs 512 keys); from the width alone (a CUDA seq_lens is never read on the
+    host) it would split, and then the kernel floors each sequence's splits by its real length."""
+    from shadowprefill.triton_kernels import attention
+
+    q = torch.empty(2, 4, 64)
+    key_cache = torch.empty(1000, 16, 2, 64)
+    table = torch.zeros(2, 1000, dtype=torch.int32)
+    (wide,) = attention.plan(q, key_cache, table)
+    (real,) = attention.plan(q, key_cache, table, seq_lens=torch.tensor([100, 200], dtype=torch.int32))
+    assert wide.num_splits > 1 and real.num_splits == 1
