@@ -181,7 +181,8 @@ def attention_problems(variant, constexprs, options, signature, metadata, res, f
     """The attention-kernel assertions of the module docstring; returns the report line."""
     dtype = DTYPES[signature["q_ptr"][1:]]
     tile = launch.AttentionTile(constexprs["BLOCK_Q"], constexprs["GROUP_P"], constexprs["BLOCK_N"],
-                                constexprs["HEAD_DIM_P"], options.get("num_warps", 4), options.get("num_stages", 3))
+                                constexprs["HEAD_DIM_P"], options.get("num_warps", 4), options.get("num_stages", 3),
+                                bool(constexprs.get("OVERLAP", False)))
     model_smem, model_regs = launch.tile_resources(tile, dtype)
     pipe = variant
     line = (f"K/V buffers {pipe['buffers']}, waits in {pipe['loops']} key loops {pipe['loop_waits']}, "

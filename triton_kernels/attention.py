@@ -152,13 +152,14 @@ def _attend_keys_overlap(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_
     page_v = _load_pages(block_table_row, key_lo, key_hi, 0, key_hi, BLOCK_N, BLOCK_SIZE, False)
     k = _load_kv(k_base, _kv_offsets(page_v, key_lo + tl.arange(0, BLOCK_N), offs_d, stride_kb, stride_kt,
                                      BLOCK_SIZE), None, d_ok, False, HEAD_DIM, HEAD_DIM_P)
-    s = _scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), qk_scale, softcap, USE_SOFTCAP)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # raw q.k; scaled / capped in the next step
     # page ids one step ahead, loaded for K (tile j + 1) and for V (tile j) separately: each is a value of
     # the previous step (loop distance 1), which the software pipeliner requires
     page_k = _load_pages(block_table_row, tl.minimum(key_lo + BLOCK_N, last), key_hi, 0, key_hi, BLOCK_N,
                          BLOCK_SIZE, False)
     for start in range(key_lo, key_hi, BLOCK_N):
-        # softmax of this tile (scores from the previous step), overlapping the previous step's P.V
+        # softmax of this tile (q.k from the previous step), overlapping the previous step's P.V
+        s = _scores(qk, qk_scale, softcap, USE_SOFTCAP)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -167,8 +168,7 @@ def _attend_keys_overlap(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_
         offs_next = tl.minimum(start + BLOCK_N, last) + tl.arange(0, BLOCK_N)
         k_next = _load_kv(k_base, _kv_offsets(page_k, offs_next, offs_d, stride_kb, stride_kt, BLOCK_SIZE), None,
                           d_ok, False, HEAD_DIM, HEAD_DIM_P)
-        s_next = _scores(tl.dot(q, tl.trans(k_next), input_precision=DOT_PRECISION), qk_scale, softcap,
-                         USE_SOFTCAP)
+        qk_next = tl.dot(q, tl.trans(k_next), input_precision=DOT_PRECISION)
         offs_n = start + tl.arange(0, BLOCK_N)
         if SAME_KV_STRIDES:
             v_offs = _kv_offsets(page_v, offs_n, offs_d, stride_kb, stride_kt, BLOCK_SIZE)
@@ -177,7 +177,7 @@ def _attend_keys_overlap(acc, m_i, l_i, q, k_base, v_base, block_table_row, key_
         v = _load_kv(v_base, v_offs, None, d_ok, False, HEAD_DIM, HEAD_DIM_P)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
-        s = s_next
+        qk = qk_next
         page_v = _load_pages(block_table_row, start + BLOCK_N, key_hi, 0, key_hi, BLOCK_N, BLOCK_SIZE, False)
         page_k = _load_pages(block_table_row, tl.minimum(start + 2 * BLOCK_N, last), key_hi, 0, key_hi, BLOCK_N,
                              BLOCK_SIZE, False)

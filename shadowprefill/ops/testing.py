@@ -57,9 +57,11 @@ def random_batch(seqs: Sequence[tuple], pool: torch.Tensor, layer: int, num_q_he
         raise ValueError(f"block_ids: {len(ids)} ids for {total} pages plus the NaN page")
     nan_page = int(ids[total])
     pool[nan_page] = NAN
-    if total:
-        used = torch.tensor(ids[:total], dtype=torch.int64, device=device)
-        pool[used] = torch.randn((total,) + tuple(pool.shape[1:]), device=device).to(pool.dtype)
+    page_elems = pool[0].numel()
+    step = max(1, (1 << 28) // max(1, page_elems * pool.element_size()))  # at most 256 MiB of new data at once
+    for first in range(0, total, step):
+        used = torch.tensor(ids[first:first + step], dtype=torch.int64, device=device)
+        pool[used] = torch.randn((len(used),) + tuple(pool.shape[1:]), device=device, dtype=pool.dtype)
     pad = nan_page if pad_id is None else pad_id
     table = torch.full((len(seqs), max(needed + [0]) + 2), pad, dtype=torch.int32)
     offset = 0
@@ -74,7 +76,7 @@ def random_batch(seqs: Sequence[tuple], pool: torch.Tensor, layer: int, num_q_he
         offset += needed[s]
     q_lens = [q_len for _, q_len in seqs]
     cu = torch.tensor([0] + q_lens, dtype=torch.int64).cumsum(0).to(torch.int32)
-    q = torch.randn(sum(q_lens), num_q_heads, head_dim, device=device).to(pool.dtype)
+    q = torch.randn(sum(q_lens), num_q_heads, head_dim, device=device, dtype=pool.dtype)
     batch = PagedBatch(q=q, kv_cache=pool, layer=layer, block_table=table.to(device), cu_seqlens_q=cu.to(device),
                        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
                        scale=1.0 / math.sqrt(head_dim))
