@@ -8,7 +8,8 @@ seconds of every section are printed up front, PLAN below, 6 minutes in all):
      (devcheck_precompile.py), so no timed section compiles;
   2. correctness: attention in bf16 / fp16 / fp32 against the float64 reference (block-major, vLLM and
      FlashInfer HND layouts, split and window cases, int64 offsets), write_kv / write_kv_cache, pack /
-     unpack exact, fp8 payload and scales against the CPU reference (exact division);
+     unpack exact, fp8 payload and scales against the CPU reference (exact division), copy_blocks GPU <->
+     pinned host exact on each path (whole pages and a layer range);
   3. ceilings: device-to-device copy (read + write), bf16 matmul, contiguous pinned H2D / D2H;
   4. the prefill tile sweep: the overlapped main loop (default) against the previous loop and the two-CTA
      tiles, on a 2,048- and a 256-token chunk at 32K;
@@ -232,6 +233,7 @@ def main() -> int:
     table.note(f"## correctness ({time.time() - start:.0f} s)")
     correctness.check_attention(table, device, args.dry_run)
     correctness.check_copies(table, device, args.dry_run)
+    correctness.check_copy_blocks(table, device, args.dry_run)
     bad = [r.case for r in table.rows if r.section == "check" and "FAIL" in r.note]
     table.verdict("correctness (kernels vs float64 / exact references)", not bad,
                   f"{len(bad)} failed: {bad}" if bad else f"{sum(r.section == 'check' for r in table.rows)} checks ok",

@@ -7,7 +7,7 @@ import torch
 import reference
 from shadowprefill.ops import pack_blocks, unpack_blocks
 
-from .batch import NAN
+from shadowprefill.ops.testing import NAN
 from .matrix import TRITON_DTYPES, backend_cases
 
 FP8 = torch.float8_e4m3fn
