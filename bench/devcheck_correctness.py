@@ -2,8 +2,9 @@
 
 The attention reference is shadowprefill.ops.reference in float64 (on the device), the one reference the
 ops' CPU path uses, itself checked against torch SDPA in float64 by tests/ops/test_reference.py; it is
-independent of the kernels. The fp8 reference runs on the CPU (exact division, as the kernel's div.rn.f32). Outputs are poisoned with NaN before
-each call; pages' unwritten tails hold NaN. Every input is random (never zeros) and fresh per check.
+independent of the kernels. The fp8 reference runs on the CPU (exact division, as the kernel's div.rn.f32).
+Outputs are poisoned with NaN before each call; pages' unwritten tails hold NaN. Every input is random
+(never zeros) and fresh per check.
 """
 
 import torch

@@ -74,21 +74,22 @@ def worker(index: int, count: int, mode: str, quick: bool, sweep_tiles, limit: i
 
 
 def precompile(mode: str, workers: int, quick: bool, sweep_tiles=(), timeout_s: float = 120.0, limit: int = 0) -> dict:
-    """Compile every variant in `workers` processes; returns {"variants", "seconds", "failed_workers"}."""
+    """Compile every variant in `workers` processes, each stopped at `timeout_s`; returns {"seconds",
+    "failed_workers" (a variant failed to compile), "timed_out_workers"}."""
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(
         p for p in (HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH")) if p))
     start = time.time()
     command = [sys.executable, os.path.abspath(__file__), "--worker", "{i}", str(workers), mode,
                "--sweep", ",".join(sweep_tiles), "--limit", str(limit)] + (["--quick"] if quick else [])
     procs = [subprocess.Popen([c.format(i=i) for c in command], env=env) for i in range(workers)]
-    failed = 0
+    failed = timed_out = 0
     for p in procs:
         try:
             failed += p.wait(timeout=max(1.0, start + timeout_s - time.time())) != 0
         except subprocess.TimeoutExpired:
             p.kill()
-            failed += 1
-    return {"seconds": time.time() - start, "failed_workers": failed}
+            timed_out += 1
+    return {"seconds": time.time() - start, "failed_workers": failed, "timed_out_workers": timed_out}
 
 
 def warm_up_here(quick: bool, sweep_tiles=()) -> tuple:

@@ -176,19 +176,22 @@ def verdict_pack(table, results):
                   _fmt_worst(pack, lambda v: f"{100 * v:.0f}%"))
 
 
-def run_precompile(table, device, dry) -> bool:
-    """devcheck_precompile: every variant compiled in parallel before timing; False when a worker failed."""
+def run_precompile(table, device, dry) -> None:
+    """devcheck_precompile: every variant compiled in parallel before timing. Never fails the run: a variant
+    that does not compile fails the correctness section, and one not compiled in time compiles in the
+    untimed warm-up call of its first timing."""
     workers = 2 if dry else max(1, min(16, (os.cpu_count() or 2) - 1))
     tiles = shapes.DRY_SWEEP_PREFILL if dry else shapes.SWEEP_PREFILL
     got = precompile.precompile("sm90" if dry else "gpu", workers, quick=dry, sweep_tiles=() if dry else tiles,
                                 timeout_s=PLANNED["pre-compile kernel variants"], limit=3 if dry else 0)
-    note = f"{workers} processes, {got['failed_workers']} failed" + (" (sm_90 ahead of time, 3 variants)" if dry else "")
+    note = (f"{workers} processes, {got['failed_workers']} with a variant that failed to compile, "
+            f"{got['timed_out_workers']} stopped at the planned time"
+            + (" (sm_90 ahead of time, 3 variants)" if dry else ""))
     table.add("precompile", "parallel compile", got["seconds"], "s", note=note)
-    if not dry:  # the JIT of this process: disk-cache hits when the workers compiled the same keys
+    if not dry and not got["timed_out_workers"]:  # this process's JIT: disk-cache hits if the keys matched
         count, seconds = precompile.warm_up_here(False, tiles)
         table.add("precompile", f"warm-up of {count} variants in this process", seconds, "s",
                   note="all compiled before timing")
-    return got["failed_workers"] == 0
 
 
 def main() -> int:
@@ -224,11 +227,9 @@ def main() -> int:
 
     table.note(f"## pre-compile ({time.time() - start:.0f} s)")
     try:
-        if not run_precompile(table, device, args.dry_run):
-            failures.append("precompile")
+        run_precompile(table, device, args.dry_run)
     except Exception as e:  # noqa: BLE001 - the run compiles on first use instead
-        table.add("precompile", "error", None, "", note=f"{type(e).__name__}: {e}"[:200])
-        failures.append("precompile")
+        table.add("precompile", "not run", None, "", note=f"{type(e).__name__}: {e}"[:200])
 
     table.note(f"## correctness ({time.time() - start:.0f} s)")
     correctness.check_attention(table, device, args.dry_run)

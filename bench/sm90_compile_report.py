@@ -229,8 +229,8 @@ def workloads(quick: bool):
             tk.paged_attention_kv(q, kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2), *args)
 
     calls = [("prefill 2048 on 32K", lambda: attention_call([(32768, 2048)])),
-             *[(f"prefill 2048 on 32K tile {spec}", lambda s=spec: with_prefill_tile(s, attention_call, [(32768, 2048)]))
-               for spec in PREFILL_TILES],
+             *[(f"prefill 2048 on 32K tile {spec}",
+                lambda s=spec: with_prefill_tile(s, attention_call, [(32768, 2048)])) for spec in PREFILL_TILES],
              ("decode 64 x 8K", lambda: attention_call([(8191, 1)] * 64)),
              ("decode 1 x 128K (split)", lambda: attention_call([(131071, 1)])),
              ("chunk 256 on 32K (split)", lambda: attention_call([(32768, 256)])),
