@@ -138,6 +138,16 @@ def test_prefill_loop_variants_overlapped_and_not(dtype, spec):
         reference.assert_close_to_reference(out, ref, dtype)
 
 
+def test_overlapped_loop_with_padded_head_dim():
+    """head_dim 80 (padded to 128 in the tile): the overlapped loop's unmasked loads mask the padding."""
+    pool = nan_pool(24, 1, 2, 16, 80, torch.float16)
+    batch = build([(70, 20), (40, 1)], pool, layer=0, num_q_heads=4)
+    out = torch.full_like(batch["q"], float("nan"))
+    tk.paged_attention(**batch, out=out, tiles={"prefill": "16x16w4s3o"})
+    ref = reference.attention(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in batch.items()})
+    reference.assert_close_to_reference(out, ref, torch.float16)
+
+
 @pytest.mark.parametrize("window", [24, 130])
 def test_long_prefill_with_window_skips_tiles_on_both_sides(window):
     """A 150-token chunk on 200 cached tokens: many query tiles, each with its own key range; pages wholly
