@@ -69,10 +69,10 @@ def random_batch(seqs: Sequence[tuple], pool: torch.Tensor, layer: int, num_q_he
         if needed[s]:
             last = int(ids[offset + needed[s] - 1])
             pool[last, :, :, :, length - (needed[s] - 1) * block_size:] = NAN  # unwritten tail
+        table[s, :needed[s]] = torch.tensor(ids[offset:offset + needed[s]], dtype=torch.int32)
         first_visible = max(0, context - window + 1) if window else 0
-        for j in range(needed[s]):
-            unread = q_len == 0 or (j + 1) * block_size <= first_visible
-            table[s, j] = pad if unread else int(ids[offset + j])
+        unread = needed[s] if q_len == 0 else first_visible // block_size  # pages j with (j+1)*bs <= first
+        table[s, :unread] = pad
         offset += needed[s]
     q_lens = [q_len for _, q_len in seqs]
     cu = torch.tensor([0] + q_lens, dtype=torch.int64).cumsum(0).to(torch.int32)
