@@ -114,7 +114,8 @@ def time_prefill(table, section, device, cfg, context, chunk, ceil, results, pee
     results.setdefault(kind + "_rate", {})[(context, chunk)] = rate
     label = " ".join(f"{kind}={spec}" for kind, spec in (tiles or {}).items())
     table.add(section, f"chunk {chunk} on ctx {context}" + (f" tiles {label}" if tiles else ""), rate / 1e12,
-              "TFLOP/s", rate / ceil["matmul"], peer_text and f"SDPA TFLOP/s: {peer_text}", vs_peer,
+              "TFLOP/s", rate / ceil["matmul"] if "matmul" in ceil else None,
+              peer_text and f"SDPA TFLOP/s: {peer_text}", vs_peer,
               "; ".join([f"{seconds * 1e3:.3f} ms", plan_note(seqs, cfg, device, tiles)] + notes))
     del pool, problems
     if device.type == "cuda":
@@ -267,7 +268,8 @@ DRY_SWEEP_PREFILL = ["32x32w4s3o", "32x32w4s3"]
 
 def prefill_tile_sweep(table, device, ceil, dry, deadline, results):
     """The prefill tiles on a 2,048-token chunk and a 256-token chunk at 32K (launch.parse_tile syntax; the
-    first is the default): the first timing rows of the run, old and new main loop side by side."""
+    first is the default): the first timing rows of the run (before the ceilings, so no vs-ceiling column),
+    old and new main loop side by side."""
     cfg = Config(dry)
     prefill_shapes = [(64, 32)] if dry else [(32768, 2048), (32768, 256)]
     prefill_tiles = DRY_SWEEP_PREFILL if dry else SWEEP_PREFILL

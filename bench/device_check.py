@@ -10,9 +10,9 @@ seconds of every section are printed up front, PLAN below, 6 minutes in all):
      FlashInfer HND layouts, split and window cases, int64 offsets), write_kv / write_kv_cache, pack /
      unpack exact, fp8 payload and scales against the CPU reference (exact division), copy_blocks GPU <->
      pinned host exact on each path (whole pages and a layer range);
-  3. ceilings: device-to-device copy (read + write), bf16 matmul, contiguous pinned H2D / D2H;
-  4. the prefill tile sweep: the overlapped main loop (default) against the previous loop and the two-CTA
-     tiles, on a 2,048- and a 256-token chunk at 32K;
+  3. the prefill tile sweep, the first timing rows: the overlapped main loop (default) against the previous
+     loop and the two-CTA tiles, on a 2,048- and a 256-token chunk at 32K;
+  4. ceilings: device-to-device copy (read + write), bf16 matmul, contiguous pinned H2D / D2H;
   5. prefill: a 2,048-token chunk on 0 / 8K / 32K / 64K of context (bf16, D 128, Hq 32 / Hkv 8, block 16)
      against torch SDPA's flash and cuDNN backends, each reported on its own;
   6. short chunks (128 / 256 / 512 tokens) on 16K / 32K / 64K of context: the shadow-prefill case;
@@ -60,7 +60,7 @@ LONG_CONTEXT = 8192  # the prefill verdict's contexts (a chunk on little context
 # timed sections stop starting new shapes past their planned time (x 1.3); "while time remains" sections
 # get no planned time. Total 360 s = 6 minutes.
 PLAN = [("preflight (device_check.sh)", 15), ("build, CUDA for sm_90 only (device_check.sh)", 75),
-        ("pre-compile kernel variants", 45), ("correctness", 35), ("ceilings", 10), ("prefill tile sweep", 30),
+        ("pre-compile kernel variants", 45), ("correctness", 35), ("prefill tile sweep", 30), ("ceilings", 10),
         ("prefill", 30), ("short chunks on long contexts", 30), ("decode (goal shapes)", 20),
         ("pack / unpack", 8), ("copy_blocks spill / reload", 12), ("layer slice reload", 6),
         ("copy_blocks runs x page sizes x paths", 14), ("decode (other shapes)", 0), ("mixed batch", 0),
@@ -241,11 +241,10 @@ def main() -> int:
                   speed=False)
     failures += bad
 
-    table.note(f"## ceilings ({time.time() - start:.0f} s)")
-    ceilings = shapes.ceilings(table, device, args.dry_run)
-    results = {}
+    results, ceilings = {}, {}
     sections = [
         ("prefill tile sweep", shapes.prefill_tile_sweep, None),
+        ("ceilings", lambda t, d, c, dry, *rest: ceilings.update(shapes.ceilings(t, d, dry)), None),
         ("prefill", shapes.prefill, lambda: verdict_prefill(table, results, args.dry_run)),
         ("short chunks on long contexts", shapes.short_chunks, lambda: verdict_short(table, results, args.dry_run)),
         ("decode (goal shapes)", lambda *a: shapes.decode(*a, which="goal"),
