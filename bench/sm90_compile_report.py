@@ -16,9 +16,11 @@ counts, and for the attention kernel the pipelining read from the TTGIR and PTX.
   - the fp8 pack kernel (device conversion) divides with anything but div.rn.f32 (torch divides exactly);
   - an OVERLAP attention variant (tile suffix "o") has no wgmma loop whose every exp2 (the softmax) runs
     while a wgmma group is still in flight (read from the PTX: wgmma.commit_group / wgmma.wait_group N
-    around ex2.approx, two passes over the loop body), or spills registers.
-Per attention variant the report prints shared memory per CTA, registers / spills and the planner's CTAs
-per SM, for the default prefill tile and the tiles of PREFILL_TILES (the previous loop, the two-CTA tiles).
+    around ex2.approx, two passes over the loop body), or no MUFU.EX2 between an HGMMA and its wait in
+    the SASS, or spills registers.
+Per attention variant the report prints shared memory per CTA, registers / spills, the planner's CTAs
+per SM, and from the SASS how many MUFU.EX2 ptxas placed between an HGMMA and the WARPGROUP.DEPBAR that
+waits for it (program order, after ptxas's scheduling), for the default prefill tile and the tiles of PREFILL_TILES (the previous loop, the two-CTA tiles).
 This costs no device time and catches lowering errors, resource overflows and pipelining regressions
 before a GPU run; it says nothing about speed.
 
@@ -112,6 +114,33 @@ def resources(cubin: bytes) -> dict:
         text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     match = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
     return {"regs": int(match[1]), "stack": int(match[2]), "local": int(match[4])} if match else {}
+
+
+def sass(cubin: bytes) -> str:
+    """The cubin's SASS (cuobjdump -sass, the one Triton ships), or "" without it."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+
+
+def sass_ex2_under_hgmma(text: str) -> tuple:
+    """(MUFU.EX2 issued after an HGMMA and before the WARPGROUP.DEPBAR that waits for it, all MUFU.EX2), in
+    program order: what the machine code does after ptxas's scheduling (it may interleave the softmax with
+    the issue of the next tile's q.K HGMMAs)."""
+    pending, under, total = False, 0, 0
+    for line in text.splitlines():
+        if re.search(r"\bHGMMA\.", line):
+            pending = True
+        elif "WARPGROUP.DEPBAR" in line:
+            pending = False
+        elif "MUFU.EX2" in line:
+            total += 1
+            under += pending
+    return under, total
 
 
 def key_loops(ttgir: str) -> list:
@@ -307,6 +336,11 @@ def report(quick: bool) -> int:
             if kernel is attention.paged_attention_kernel:
                 extra = "\n     " + attention_problems(pipelining(ttgir, ptx, constexprs), constexprs, options,
                                                         signature, compiled.metadata, res, failures, name)
+                if ttgir.count("warp_group_dot "):
+                    under, total = sass_ex2_under_hgmma(sass(compiled.asm["cubin"]))
+                    extra += f"; SASS: MUFU.EX2 between an HGMMA and its wait {under}/{total}"
+                    if constexprs.get("OVERLAP") and total and not under:
+                        failures.append(f"{name}: OVERLAP variant whose SASS waits for every HGMMA before an exp2")
             if kernel is pack.pack_kernel and constexprs["QUANT"]:
                 divisions = sorted(set(re.findall(r"\bdiv\.[a-z.]*f32", ptx)))
                 extra = f"\n     fp32 divisions {divisions}"

@@ -86,3 +86,4 @@ def test_kernels_compile_for_sm90_with_pipelined_kv_loads():
     # versions; the previous loop (128x64w8s3) none
     assert out.count("exp2 under wgmma in flight per wgmma loop ['34/34'") >= 2
     assert out.count("exp2 under wgmma in flight per wgmma loop ['0/34'") >= 2
+    assert out.count("SASS: MUFU.EX2 between an HGMMA and its wait 0/68") >= 2  # the previous loop: none
