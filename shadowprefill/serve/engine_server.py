@@ -32,6 +32,7 @@ from shadowprefill.engine import EngineConfig, LLMEngine
 from shadowprefill.model import Llama, ModelConfig, load_checkpoint
 from shadowprefill.serve import prometheus as prom
 from shadowprefill.serve.engine_loop import EngineLoop
+from shadowprefill.serve.request_checks import check_request
 from shadowprefill.serve.tokenizer import ByteTokenizer, render_chat
 
 DEFAULT_SHADOW_PRIORITY = 1000
@@ -170,6 +171,9 @@ class EngineServer:
         return body
 
     async def _generate(self, request: web.Request, body: dict, token_ids: list[int], chat: bool):
+        problem = check_request(body, greedy_only=True)
+        if problem is not None:
+            return _error(400, problem)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):

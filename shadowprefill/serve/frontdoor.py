@@ -19,6 +19,7 @@ from aiohttp import web
 
 from shadowprefill.serve.config import ManagerConfig
 from shadowprefill.serve.manager import Manager, error_response
+from shadowprefill.serve.request_checks import check_request
 
 MANAGER_KEY = web.AppKey("manager", Manager)
 TENANT_KEY = web.RequestKey("tenant", str) if hasattr(web, "RequestKey") else "tenant"
@@ -59,6 +60,9 @@ def make_manager_app(config: ManagerConfig) -> web.Application:
             return error_response(400, "messages must be a list", "invalid_request_error")
         if kind == "completions" and "prompt" not in body:
             return error_response(400, "prompt is required", "invalid_request_error")
+        problem = check_request(body, greedy_only=False)
+        if problem is not None:
+            return error_response(400, problem, "invalid_request_error")
         session_id = request.headers.get("X-Session-Id") or body.get("user") or None
         if session_id is not None and not isinstance(session_id, str):
             return error_response(400, "user / X-Session-Id must be a string", "invalid_request_error")

@@ -1,8 +1,8 @@
 """The request-level shadow manager (paper §4 "vLLM prototype", appendix D.1): the HTTP front end of the
 orchestration core.
 
-The manager sits between agents and a fleet of OpenAI-compatible servers (vLLM, SGLang, or the built-in
-`engine_server`), several instances per model, each an `HttpInstance` of the orchestration core
+The manager sits between agents and a fleet of OpenAI-compatible servers (vLLM or the built-in
+`engine_server`; a server without vLLM's queue metric gets no shadows), several instances per model, each an `HttpInstance` of the orchestration core
 (`cluster.manager.ClusterManager`: sessions, sticky placement by lowest estimated prefill completion, the
 next-model prior, shadow targets). For each call of a session it routes (per-step router), lets the core
 place it, forwards the request and streams the answer back unchanged. After the call completes the core
@@ -165,6 +165,7 @@ class Manager:
                 sticky[id(inst)] = sticky.get(id(inst), 0) + 1
         return {"policies": summarize_by_policy(calls),
                 "instances": {i.url: {"model": i.model, "alive": i.alive, "sessions": sticky.get(id(i), 0),
+                                      "queue_metric": i.queue_metric,
                                       "last_error": i.last_error, **i.stats}
                               for i in self.all_instances()}}
 

@@ -45,7 +45,8 @@ class HttpInstance:
         self.last_error: str | None = None
         self.dead_retry_s = 5.0
         self.stats = {"shadow_submitted": 0, "shadow_completed": 0, "shadow_failed": 0, "shadow_superseded": 0,
-                      "shadow_dropped_by_routed": 0, "shadow_deferred_busy": 0}
+                      "shadow_dropped_by_routed": 0, "shadow_deferred_busy": 0, "shadow_held_no_queue_metric": 0}
+        self.queue_metric: bool | None = None      # whether /metrics exports vllm:num_requests_waiting
         self.client = None
         self.dispatcher: ShadowDispatcher | None = None
         self._held: "OrderedDict[tuple[str, str], tuple]" = OrderedDict()   # session key -> comparable()
