@@ -24,7 +24,7 @@ the simulator's latency model when one is given, the Table III analytic model ot
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol, Sequence, runtime_checkable
 
 from .analytic import DEFAULT_PARAMS, AnalyticParams
@@ -99,6 +99,7 @@ class GatewayRequest:
     tokens: Sequence[int]
     lead_time_s: float = 0.0  # time before this call's prefill must start (shadow work can warm meanwhile)
     now: float | None = None
+    output_tokens: int = 0  # expected completion tokens (billed at each candidate's output_price)
 
     def __post_init__(self):
         if not isinstance(self.tenant, str) or not self.tenant:
@@ -123,6 +124,7 @@ class Candidate:
     harvest_tokens_per_s: float = 0.0  # shadow tokens/s the engine's harvested capacity sustains
     harvest_price_per_token: float = 0.0  # price of harvested compute (idle capacity: 0)
     layout: CacheLayout | None = None  # page layout of this model, for wire bytes
+    output_price: float = 0.0  # per completion token, in the same unit as input_price
 
     def __post_init__(self):
         for f in ("model_id", "site"):
@@ -213,6 +215,9 @@ class ControlPlane:
         return 0.0 if link is None else nbytes * link.price_per_byte
 
     def _prefill_s(self, c: Candidate, site: str, n: int, m: int) -> float:
+        at_site = getattr(self.estimator, "prefill_time_at", None)  # optional: a per-site (fitted) model
+        if at_site is not None:
+            return at_site(site, c.model_id, n, m)
         return self.estimator.prefill_time_s(c.model_id, n, m) / self._site(site).compute_scale
 
     def _bytes_per_token(self, c: Candidate, compression: str | None) -> float:
@@ -300,8 +305,14 @@ class ControlPlane:
         return opts
 
     def decide(self, request: GatewayRequest, candidates: Sequence[Candidate],
-               constraints: Constraints | None = None) -> Decision:
-        """Pick (model, site, action); returns every option with its estimates and why it was (not) taken."""
+               constraints: Constraints | None = None,
+               infeasible: dict[str, str] | None = None) -> Decision:
+        """Pick (model, site, action); returns every option with its estimates and why it was (not) taken.
+
+        ``infeasible``: actions with no execution path here, each with its reason: their options are judged
+        infeasible, and each is listed once even where it was not enumerated, so a decision shows what was
+        not possible and why.
+        """
         if not isinstance(request, GatewayRequest):
             raise TypeError(f"request must be GatewayRequest, got {type(request).__name__}")
         cands = list(candidates)
@@ -309,6 +320,9 @@ class ControlPlane:
             raise ValueError("candidates must be a non-empty sequence of Candidate")
         cons = constraints if constraints is not None else Constraints()
         opts = [o for c in cands for o in self._options(request, c, cands)]
+        if request.output_tokens:
+            price = {(c.model_id, c.site): c.output_price for c in cands}
+            opts = [replace(o, cost=o.cost + price[(o.model_id, o.site)] * request.output_tokens) for o in opts]
         finite = [o for o in opts if math.isfinite(o.latency_s)]
         l_ref = max((o.latency_s for o in finite), default=1.0) or 1.0
         c_ref = max((o.cost for o in finite), default=1.0) or 1.0
@@ -321,10 +335,16 @@ class ControlPlane:
                 why.append(f"L={o.latency_s:.4g}s > L̄={cons.max_latency_s:.4g}s")
             if o.quality < cons.min_quality:
                 why.append(f"Q={o.quality:.4g} < Q̄={cons.min_quality:.4g}")
+            if infeasible and o.action in infeasible:
+                why.append(infeasible[o.action])
             score = cons.lambda_latency * o.latency_s / l_ref + cons.lambda_cost * o.cost / c_ref \
                 if math.isfinite(o.latency_s) else math.inf
             judged.append(Option(**{**asdict(o), "feasible": not why, "reason": "; ".join(why),
                                     "score": score}))
+        if infeasible:
+            listed = {o.action for o in judged}
+            judged += [Option("*", "*", a, None, None, 0, math.inf, math.inf, -math.inf, False, why)
+                       for a, why in infeasible.items() if a not in listed]
         feasible = [o for o in judged if o.feasible]
         chosen = min(feasible, key=lambda o: (o.score, o.latency_s, ACTIONS.index(o.action)), default=None)
         return Decision(chosen, judged)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import httpx
@@ -35,12 +36,14 @@ from shadowprefill.cluster.manager import ClusterManager, NoLiveInstance
 from shadowprefill.cluster.prior import SwitchPredictor
 from shadowprefill.cluster.session import SessionState
 from shadowprefill.serve.config import ManagerConfig
+from shadowprefill.serve.gateway_live import GatewayPrompt, LiveGateway, option_dict
 from shadowprefill.serve.metrics import ServeCall, summarize_by_policy
 from shadowprefill.serve.sessions import LiveRouter, extends, shadow_body
 from shadowprefill.serve.shadow_dispatch import upstream_headers
 from shadowprefill.serve.upstream import HttpInstance
 
 _UPSTREAM_ERRORS = (httpx.TransportError, OSError)
+log = logging.getLogger(__name__)
 
 
 def error_response(status: int, message: str, kind: str) -> web.Response:
@@ -61,6 +64,7 @@ class _Answer:
         self.usage: dict | None = None
         self.first_token: float | None = None
         self.on_first = on_first
+        self.headers: dict[str, str] = {}                     # added to the client's response (decision)
 
     def read_choices(self, choices, chat: bool, streamed: bool) -> None:
         for ch in choices[:1]:                                 # n = 1: the first choice is the answer
@@ -98,6 +102,7 @@ class Manager:
         self.core = ClusterManager(self.instances, prior=self.prior, shadow_targets=config.shadow.targets,
                                    min_switch_prob=config.shadow.min_switch_prob, shadows=config.shadow.enabled)
         self.calls: list[ServeCall] = []
+        self.gateway = LiveGateway(config, self.instances)
         self.client: httpx.AsyncClient | None = None
         self._expiry: asyncio.Task | None = None
 
@@ -117,6 +122,7 @@ class Manager:
         self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=512))
         for inst in self.all_instances():
             inst.start(self.client, c.shadow.poll_s, c.shadow.timeout_s, c.dead_retry_s)
+        self.gateway.start(self.client)
         self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
 
     async def close(self) -> None:
@@ -129,6 +135,7 @@ class Manager:
         for inst in self.all_instances():
             if inst.dispatcher is not None:
                 await inst.dispatcher.stop()
+        await self.gateway.close()
         if self.client is not None:
             await self.client.aclose()
 
@@ -163,10 +170,11 @@ class Manager:
         for s in self.core.sessions.values():
             for inst in s.sticky.values():
                 sticky[id(inst)] = sticky.get(id(inst), 0) + 1
+        gw = self.gateway.status()
         return {"policies": summarize_by_policy(calls),
                 "instances": {i.url: {"model": i.model, "alive": i.alive, "sessions": sticky.get(id(i), 0),
                                       "queue_metric": i.queue_metric,
-                                      "last_error": i.last_error, **i.stats}
+                                      "last_error": i.last_error, **gw[i.url], **i.stats}
                               for i in self.all_instances()}}
 
     # ------------------------------------------------------------------------------------ forward
@@ -179,10 +187,40 @@ class Manager:
         if not chat and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]
         state = self.core.session(session_id, tenant, shadow_enabled=shadow_enabled) if session_id else None
+        gw, decision, by_site, tokens, pin = self.gateway, None, None, {}, None
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+        max_tokens = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else 16
+        auto = body.get("model") == "auto" and self.config.gateway is not None and "auto" not in self.config.models
         try:
-            model = self.router.route(state, body.get("model"))
-        except ValueError as exc:
-            return error_response(404, str(exc), "not_found_error")
+            if auto:
+                for m in self.config.gateway.models:
+                    tokens[m] = await gw.tokens(m, kind, prompt, state.key if state else None)
+                decision, by_site = gw.decide_auto(tenant, {m: t for m, t in tokens.items() if t}, request.headers,
+                                                   max_tokens)
+        except ValueError as exc:                            # a malformed gateway header
+            return error_response(400, str(exc), "invalid_request_error")
+        except Exception:  # noqa: BLE001 - a decision failure falls back to plain routing
+            log.exception("gateway decision failed; plain routing")
+            decision = None
+        if auto and decision is not None and decision.chosen is not None:
+            model, pin = decision.chosen.model_id, by_site[decision.chosen.site]
+        elif auto:
+            if decision is not None:                         # nothing feasible: say so
+                why = "; ".join(sorted({o.reason for o in decision.options if o.reason}))
+                return error_response(400, f"model auto: no (model, instance, action) meets the constraints: {why}",
+                                      "invalid_request_error")
+            model = next(iter(self.config.gateway.models))
+        else:
+            try:
+                model = self.router.route(state, body.get("model"))
+            except ValueError as exc:
+                return error_response(404, str(exc), "not_found_error")
+        try:
+            if model not in tokens and any(i.view is not None for i in self.instances[model]):
+                tokens[model] = await gw.tokens(model, kind, prompt, state.key if state else None)
+        except Exception:  # noqa: BLE001 - no tokens: the guess answers
+            log.exception("tokenization failed")
+        placed_prompt = GatewayPrompt(prompt, tenant, {m: t for m, t in tokens.items() if t}, pin)
         stream = bool(body.get("stream"))
         opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
         client_usage = bool(opts.get("include_usage"))
@@ -192,6 +230,7 @@ class Manager:
             upstream["stream_options"] = {**opts, "include_usage": True}
         if strip_ids:
             upstream["return_token_ids"] = True
+        upstream["model"] = model
         if self.config.tenant_cache_salt and tenant:
             upstream["cache_salt"] = tenant
         headers = upstream_headers(state.key) if state else {"X-Tenant": tenant}
@@ -208,12 +247,14 @@ class Manager:
         status, error, out, history, ticket = 200, None, None, None, None
         try:
             try:
-                ticket = self.core.submit_call(session_id, None, model, prompt, tenant=tenant,
+                ticket = self.core.submit_call(session_id, None, model, placed_prompt, tenant=tenant,
                                                payload=(path, upstream, headers))
             except NoLiveInstance:
                 pass
             placed = ticket is not None
+            rec = None
             while placed:
+                rec = self._describe(ticket.instance, answer, tenant, session_id, placed_prompt, state, decision, auto)
                 status, error, out, retry = await self._send(request, ticket, answer, stream, chat, client_usage,
                                                              strip_ids)
                 if not retry:
@@ -235,6 +276,16 @@ class Manager:
                 arrival=arrival, first_token=answer.first_token, finish=finish,
                 prompt_tokens=usage.get("prompt_tokens"), cached_tokens=answer.cached_tokens,
                 output_tokens=usage.get("completion_tokens"), stream=stream, status=status, error=error))
+            if rec is not None:
+                rec["call"] = len(self.calls) - 1
+                gw.record(rec)
+                if status == 200 and error is None:
+                    ttft = (answer.first_token - arrival) if answer.first_token is not None else \
+                        (finish - arrival if usage.get("completion_tokens") == 1 else None)
+                    try:
+                        gw.learn(rec, answer.cached_tokens, usage.get("prompt_tokens"), ttft, ticket.instance)
+                    except Exception:  # noqa: BLE001 - learning never fails a call
+                        log.exception("gateway learning failed")
             if state is not None and status == 200 and error is None:
                 response = answer.ids if _is_token_ids(prompt) else "".join(answer.text)
                 history = self._completed(state, ticket, kind, path, prompt, response)
@@ -245,6 +296,36 @@ class Manager:
             if ticket is not None:
                 self.core.finish_call(ticket, history)
         return out
+
+    def _describe(self, inst, answer: _Answer, tenant: str, session_id, prompt: GatewayPrompt, state, decision,
+                  auto: bool) -> dict | None:
+        """The decision record of a call about to go to `inst` (also the `X-Gateway-Decision` header)."""
+        try:
+            gw = self.gateway
+            ids = prompt.tokens.get(inst.model)
+            predicted, source = gw.predicted_cached(inst, tenant, ids, prompt, state)
+            chosen = decision.chosen if decision is not None and decision.chosen is not None else None
+            if chosen is not None and chosen.site == inst.url:
+                action, latency = chosen.action, chosen.latency_s
+            else:
+                action = "reuse" if predicted > 0 else "reprefill"
+                n = len(ids) if ids else len(prompt)
+                latency = gw.fit.prefill_time_at(inst.url, inst.model, max(n, predicted), predicted)
+            if action == "reuse" and state is not None and state.key in inst.shadowed:
+                action = "shadow"                        # the reused prefix is one this manager's shadow warmed
+            rec = {"tenant": tenant, "session": session_id or "", "model": inst.model, "instance": inst.url,
+                   "action": action, "predicted_cached_tokens": int(predicted),
+                   "predicted_latency_s": round(float(latency), 6), "source": source, "auto": auto,
+                   "reported_cached_tokens": None}
+            if auto and decision is not None:
+                rec["options"] = [option_dict(o) for o in decision.options]
+            answer.headers = {"X-Gateway-Decision": "; ".join(
+                f"{k}={rec[k]}" for k in ("model", "instance", "action", "predicted_cached_tokens",
+                                          "predicted_latency_s", "source"))}
+            return rec
+        except Exception:  # noqa: BLE001 - a registry failure: plain routing, no decision record
+            log.exception("gateway decision record failed")
+            return None
 
     async def _send(self, request: web.Request, ticket, answer: _Answer, stream: bool, chat: bool,
                     client_usage: bool, strip_ids: bool):
@@ -260,6 +341,7 @@ class Manager:
             return resp.status_code, None, out, False
         except _UPSTREAM_ERRORS as exc:
             inst.mark_down(repr(exc), self.config.dead_retry_s)
+            self.gateway.dead(inst, repr(exc))
             if isinstance(exc, _MidStreamError):
                 return 502, str(exc), exc.response, False
             return 200, None, None, True
@@ -284,7 +366,7 @@ class Manager:
                         ch.pop("prompt_token_ids", None)
                     obj.pop("prompt_token_ids", None)
                     data = json.dumps(obj).encode()
-        return web.Response(body=data, status=resp.status_code,
+        return web.Response(body=data, status=resp.status_code, headers=answer.headers,
                             content_type=resp.headers.get("content-type", "application/json").split(";")[0])
 
     async def _pass_stream(self, request: web.Request, resp: httpx.Response, answer: _Answer, chat: bool,
@@ -303,7 +385,7 @@ class Manager:
                         continue
                     if out is None:
                         out = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                          "Cache-Control": "no-cache"})
+                                                          "Cache-Control": "no-cache", **answer.headers})
                         await out.prepare(request)
                     await out.write(event + b"\n\n")
         except _UPSTREAM_ERRORS as exc:

@@ -130,6 +130,7 @@ class ShadowDispatcher:
                 if r.status_code == 200:
                     inst.stats["shadow_completed"] += 1
                     inst.holds(task.session_key, task.body)
+                    inst.shadowed.add(task.session_key)
                 else:
                     inst.stats["shadow_failed"] += 1
                     inst.last_error = f"shadow HTTP {r.status_code}: {r.text[:200]}"

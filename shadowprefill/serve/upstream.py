@@ -51,6 +51,8 @@ class HttpInstance:
         self.dispatcher: ShadowDispatcher | None = None
         self._held: "OrderedDict[tuple[str, str], tuple]" = OrderedDict()   # session key -> comparable()
         self._queued: dict[str, float] = {}                                # request id -> uncached tokens
+        self.view = None            # gateway.engine_view.EngineView when the server publishes KV events
+        self.shadowed: set = set()  # sessions whose held content here came from a shadow of this manager
 
     def __repr__(self) -> str:
         return f"HttpInstance({self.model!r}, {self.url!r})"
@@ -74,7 +76,20 @@ class HttpInstance:
         self.last_error = error
 
     # -------------------------------------------------------------------------------------- placement
+    def guess_cached(self, prompt, session) -> float:
+        """Tokens of `prompt` this manager believes the server holds (what it last sent there)."""
+        seq, per = comparable(getattr(prompt, "raw", prompt))
+        held = self._held.get(session.key) if session is not None else None
+        if held is not None and type(held[0]) is type(seq):
+            return common_prefix_length(held[0], seq) / per
+        return 0.0
+
     def _uncached(self, prompt, session, assume_cached: int | None) -> float:
+        tokens = getattr(prompt, "tokens", {}).get(self.model)
+        if tokens is not None and self.view is not None and not self.view.stale():   # engine truth
+            cached = max(self.view.cached_tokens(prompt.tenant, tokens), float(assume_cached or 0))
+            return max(0.0, len(tokens) - cached)
+        prompt = getattr(prompt, "raw", prompt)
         seq, per = comparable(prompt)
         held = self._held.get(session.key) if session is not None else None
         cached = 0.0
@@ -85,12 +100,16 @@ class HttpInstance:
         return max(0.0, len(seq) / per - cached)
 
     def estimate_prefill_s(self, prompt, session, assume_cached: int | None = None) -> float:
+        pin = getattr(prompt, "pin", None)
+        if pin is not None and pin is not self:           # the gateway decided on another instance
+            return float("inf")
         queued = sum(self._queued.values())
         return (queued + self._uncached(prompt, session, assume_cached)) / self.prefill_tokens_per_s
 
     def holds(self, session_key: tuple[str, str], content) -> None:
         """Believe the server now caches `content` (a prompt + answer, or a shadow body) for the session."""
         self._held[session_key] = comparable(content)
+        self.shadowed.discard(session_key)
         self._held.move_to_end(session_key)
         while len(self._held) > BELIEF_SESSIONS:
             self._held.popitem(last=False)
