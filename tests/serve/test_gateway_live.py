@@ -1,0 +1,170 @@
+"""The live gateway over built-in servers: serve-engine's KV events feed the manager's registry, `auto`
+decisions, the decision header / endpoints / metrics, tenancy, faults, and 400s naming the field."""
+import json
+import random
+import socket
+import time
+
+import httpx
+import pytest
+
+from shadowprefill.serve.app_runner import AppThread
+from shadowprefill.serve.config import ManagerConfig
+from shadowprefill.serve.engine_server import make_engine_server
+from shadowprefill.serve.frontdoor import MANAGER_KEY, make_manager_app
+
+BS = 16
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ids(rng, n):
+    return [rng.randrange(10, 500) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    """`small` (tiny, publishing KV events to the manager) and `large` (tiny_large, no events)."""
+    ep, rep = f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
+    small = AppThread(make_engine_server("tiny", model_name="tiny", num_blocks=64,
+                                         kv_events={"endpoint": ep, "replay_endpoint": rep, "topic": "kv"}).app).start()
+    large = AppThread(make_engine_server("tiny_large", model_name="tiny_large").app).start()
+    config = ManagerConfig.from_dict({
+        "models": {"small": [{"url": small.url, "served_model_name": "tiny",
+                              "kv_events": {"endpoint": ep, "replay_endpoint": rep, "topic": "kv"}}],
+                   "large": [{"url": large.url, "served_model_name": "tiny_large"}]},
+        "api_keys": {"key-a": "tenant-a", "key-b": "tenant-b"}, "shadow": {"enabled": False},
+        "gateway": {"models": {"small": {"quality": 0.7, "price_in": 0.1, "price_out": 0.4},
+                               "large": {"quality": 0.9, "price_in": 1.0, "price_out": 4.0}}}})
+    assert config.tenant_cache_salt is True                    # > 1 tenant: per-tenant salt by default
+    mgr = AppThread(lambda: make_manager_app(config)).start()
+    clients = {t: httpx.Client(base_url=mgr.url, timeout=120, headers={"Authorization": f"Bearer key-{t}"})
+               for t in "ab"}
+    time.sleep(0.3)
+    yield mgr.app[MANAGER_KEY], clients, small, large
+    for c in clients.values():
+        c.close()
+    mgr.stop()
+    large.stop()
+    small.stop()
+
+
+def call(client, model, prompt, session, headers=None, **extra):
+    r = client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 2, **extra},
+                    headers={"X-Session-Id": session, **(headers or {})})
+    assert r.status_code == 200, r.text
+    dec = dict(kv.split("=", 1) for kv in r.headers["X-Gateway-Decision"].split("; "))
+    return r.json(), dec
+
+
+def wait_for(pred, timeout=2.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not pred():
+        time.sleep(0.02)
+    return pred()
+
+
+def test_engine_events_feed_the_registry_and_predict(fleet):
+    mgr, clients, small, _ = fleet
+    rng = random.Random(0)
+    prompt = ids(rng, 200)
+    _, dec = call(clients["a"], "small", prompt, "s1")
+    assert dec["source"] == "events" and dec["action"] == "reprefill"
+    inst = mgr.instances["small"][0]
+    assert wait_for(lambda: inst.view.cached_tokens("tenant-a", prompt) == 192)      # whole pages, within 2 s
+    assert inst.view.cached_tokens("tenant-b", prompt) == 0
+    body, dec2 = call(clients["a"], "small", prompt + ids(rng, 30), "s1")
+    reported = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert dec2["action"] == "reuse" and int(dec2["predicted_cached_tokens"]) == reported >= 192
+    # tenant b, same prompt: nothing predicted, nothing reported beyond one block
+    body_b, dec_b = call(clients["b"], "small", prompt, "s1")
+    assert int(dec_b["predicted_cached_tokens"]) == 0
+    assert body_b["usage"]["prompt_tokens_details"]["cached_tokens"] < BS
+    assert [d["tenant"] for d in clients["b"].get("/manager/decisions").json()] == ["tenant-b"]
+    rec = clients["a"].get("/manager/decisions").json()[-1]
+    assert rec["reported_cached_tokens"] == reported and rec["predicted_cached_tokens"] == reported
+
+
+def test_eviction_is_seen(fleet):
+    mgr, clients, _, _ = fleet
+    rng = random.Random(1)
+    inst = mgr.instances["small"][0]
+    prompt = ids(rng, 300)
+    call(clients["a"], "small", prompt, "ev")
+    assert wait_for(lambda: inst.view.cached_tokens("tenant-a", prompt) == 288)
+    for k in range(3):                                          # 64-block pool: fillers evict it
+        call(clients["a"], "small", ids(rng, 600), f"fill{k}")
+    assert wait_for(lambda: inst.view.cached_tokens("tenant-a", prompt) < 288)
+    body, dec = call(clients["a"], "small", prompt + ids(rng, 10), "ev")
+    reported = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert abs(int(dec["predicted_cached_tokens"]) - reported) <= BS
+    guess = inst.guess_cached(prompt, mgr.sessions[("tenant-a", "ev")])
+    assert guess >= 288 > reported                              # what the guess-based path would have said
+
+
+def test_auto_decides_model_instance_and_action(fleet):
+    mgr, clients, _, large = fleet
+    rng = random.Random(2)
+    prompt = ids(rng, 160)
+    call(clients["a"], "small", prompt, "j")
+    assert wait_for(lambda: mgr.instances["small"][0].view.cached_tokens("tenant-a", prompt) == 160)
+    _, dec = call(clients["a"], "auto", prompt + ids(rng, 20), "j")
+    assert (dec["model"], dec["action"]) == ("small", "reuse")  # warm and cheaper
+    assert (dec["model"], dec["instance"]) == (mgr.calls[-1].model, mgr.calls[-1].instance)
+    _, dec_q = call(clients["a"], "auto", prompt + ids(rng, 20), "j", headers={"X-Gateway-Min-Quality": "0.8"})
+    assert dec_q["model"] == "large" and dec_q["instance"] == large.url and dec_q["source"] == "guess"
+    rec = clients["a"].get("/manager/decisions").json()[-1]
+    infeasible = {o["action"]: o["reason"] for o in rec["options"] if not o["feasible"]}
+    assert {"transfer", "map", "edge_prefill"} <= set(infeasible) and "analytic only" in infeasible["transfer"]
+    assert all("Q=" in o["reason"] for o in rec["options"] if o["model_id"] == "small")
+    r = clients["a"].post("/v1/completions", json={"model": "auto", "prompt": prompt, "max_tokens": 1},
+                          headers={"X-Gateway-Min-Quality": "0.95"})
+    assert r.status_code == 400 and "Q=" in r.json()["error"]["message"]
+    r = clients["a"].post("/v1/completions", json={"model": "auto", "prompt": prompt, "max_tokens": 1},
+                          headers={"X-Gateway-Max-Latency-S": "soon"})
+    assert r.status_code == 400 and "X-Gateway-Max-Latency-S" in r.json()["error"]["message"]
+    for d in mgr.gateway.decisions:
+        assert d["action"] in ("reuse", "shadow", "reprefill")
+    text = clients["a"].get("/metrics").text
+    for name in ("shadowprefill_gateway_decisions_total{action=\"reuse\"}", "shadowprefill_gateway_registry_entries",
+                 "shadowprefill_gateway_cached_tokens_abs_error_count", "shadowprefill_gateway_event_lag_seconds",
+                 "shadowprefill_gateway_stale_instances 0.0", 'source="guess"'):
+        assert name in text, name
+    summary = clients["a"].get("/manager/summary").json()["instances"]
+    assert summary[large.url]["source"] == "guess" and summary[mgr.instances["small"][0].url]["source"] == "events"
+
+
+@pytest.mark.parametrize("field,value", [("n", 1000), ("temperature", "NaN"), ("temperature", 0.7),
+                                         ("logprobs", 5), ("top_p", 0.5), ("best_of", 2), ("stop", ["x"])])
+def test_serve_engine_rejects_what_it_cannot_do(fleet, field, value):
+    _, _, small, _ = fleet
+    raw = f'{{"prompt": [11, 12, 13], "max_tokens": 1, "{field}": {json.dumps(value) if value != "NaN" else "NaN"}}}'
+    r = httpx.post(small.url + "/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+    ok = httpx.post(small.url + "/v1/completions", json={"prompt": [11, 12, 13], "max_tokens": 1, "temperature": 0,
+                                                          "n": 1, "seed": 3})
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 1
+
+
+@pytest.mark.parametrize("field,value", [("n", 3), ("temperature", "NaN"), ("top_p", 1.5), ("logprobs", "x")])
+def test_manager_rejects_malformed_sampling(fleet, field, value):
+    _, clients, _, _ = fleet
+    raw = f'{{"model": "small", "prompt": [11, 12], "{field}": {json.dumps(value) if value != "NaN" else "NaN"}}}'
+    r = clients["a"].post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
+def test_dead_upstream_drops_its_entries(fleet):
+    """Last in the module: stops the small server."""
+    mgr, clients, small, _ = fleet
+    inst = mgr.instances["small"][0]
+    assert wait_for(lambda: len([e for e in mgr.gateway.registry.entries() if e.location.site == inst.url]) > 0)
+    small.stop()
+    r = clients["a"].post("/v1/completions", json={"model": "small", "prompt": [11] * 40, "max_tokens": 1},
+                          headers={"X-Session-Id": "dead"})
+    assert r.status_code == 503 and "small" in r.json()["error"]["message"]
+    assert not [e for e in mgr.gateway.registry.entries() if e.location.site == inst.url]

@@ -1,0 +1,200 @@
+"""The live gateway against real vLLM servers publishing KV-cache events (run by run_gateway.sh; issue 22).
+
+Servers (from $SP_GATEWAY_PEERS): `a` and `b` serve `small` (b with an 80-block KV pool), `l` serves `large`;
+each publishes KVEventBatch to an endpoint this manager binds. The manager runs in-process with a `gateway`
+section; measured numbers go to $SP_GATEWAY_REPORT.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shadowprefill.serve.app_runner import AppThread
+from shadowprefill.serve.config import ManagerConfig
+from shadowprefill.serve.frontdoor import MANAGER_KEY, make_manager_app
+
+SPEC = os.environ.get("SP_GATEWAY_PEERS")
+pytestmark = pytest.mark.skipif(not SPEC, reason="needs vLLM servers with KV events (tests/vllm_harness/run_gateway.sh)")
+REPORT: dict = {}
+
+
+@pytest.fixture(scope="module")
+def peers():
+    return json.loads(Path(SPEC).read_text())
+
+
+@pytest.fixture(scope="module")
+def gw(peers):
+    s = peers["servers"]
+
+    def ep(k):
+        return {"url": s[k]["url"], "served_model_name": s[k]["model"],
+                "kv_events": {"endpoint": s[k]["events"], "replay_endpoint": s[k]["replay"], "topic": "kv"}}
+    config = ManagerConfig.from_dict({
+        "models": {"small": [ep("a"), ep("b")], "large": [ep("l")]},
+        "api_keys": {"key-a": "tenant-a", "key-b": "tenant-b"},
+        "shadow": {"enabled": False}, "read_timeout_s": 120.0, "dead_retry_s": 60.0,
+        "gateway": {"models": {"small": {"quality": 0.7, "price_in": 0.1, "price_out": 0.4},
+                               "large": {"quality": 0.9, "price_in": 1.0, "price_out": 4.0}}}})
+    thread = AppThread(lambda: make_manager_app(config)).start()
+    clients = {t: httpx.Client(base_url=thread.url, timeout=180, headers={"Authorization": f"Bearer key-{t}"})
+               for t in ("a", "b")}
+    time.sleep(0.5)                                             # ZMQ: let the publishers connect
+    yield thread.app[MANAGER_KEY], clients, peers
+    for c in clients.values():
+        c.close()
+    thread.stop()
+    out = os.environ.get("SP_GATEWAY_REPORT")
+    if out:
+        Path(out).write_text(json.dumps(REPORT, indent=2))
+    print("[gateway]", json.dumps(REPORT))
+
+
+def ids(rng, n):
+    return [rng.randrange(10, 500) for _ in range(n)]
+
+
+def call(client, model, prompt, session=None, max_tokens=2, headers=None):
+    h = dict(headers or {})
+    if session:
+        h["X-Session-Id"] = session
+    r = client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                              "ignore_eos": True, "return_token_ids": True}, headers=h)
+    assert r.status_code == 200, r.text
+    dec = dict(kv.split("=", 1) for kv in r.headers["X-Gateway-Decision"].split("; "))
+    body = r.json()
+    return body, dec, body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def inst(mgr, url):
+    return next(i for i in mgr.all_instances() if i.url == url)
+
+
+def wait_for(pred, timeout=2.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def test_registry_follows_a_call_and_predicts_the_next(gw):
+    mgr, clients, peers = gw
+    rng = random.Random(1)
+    prompt = ids(rng, 1000)
+    _, dec, _ = call(clients["a"], "small", prompt, "s1")
+    here = inst(mgr, dec["instance"])
+    other = next(i for i in mgr.instances["small"] if i is not here)
+    t0 = time.monotonic()
+    assert wait_for(lambda: here.view.cached_tokens("tenant-a", prompt) >= 1000 // 32 * 32, 2.0)
+    REPORT["registry_visible_s"] = time.monotonic() - t0
+    assert other.view.cached_tokens("tenant-a", prompt) == 0
+    _, dec2, reported = call(clients["a"], "small", prompt + ids(rng, 50), "s1")
+    assert dec2["instance"] == here.url and dec2["action"] == "reuse" and dec2["source"] == "events"
+    assert int(dec2["predicted_cached_tokens"]) == reported > 0
+
+
+def test_second_tenant_sees_no_cached_tokens(gw):
+    mgr, clients, _ = gw
+    prompt = ids(random.Random(1), 1000)                          # tenant a's prompt of the first test
+    _, dec, reported = call(clients["b"], "small", prompt, "t2")
+    assert reported <= 32 and int(dec["predicted_cached_tokens"]) == 0
+    assert all(d["tenant"] == "tenant-b" for d in clients["b"].get("/manager/decisions").json())
+
+
+def test_eviction_seen_and_guess_contrast(gw):
+    mgr, clients, peers = gw
+    rng = random.Random(2)
+    b = inst(mgr, peers["servers"]["b"]["url"])
+    prompt = ids(rng, 1200)
+    # warm b directly (the manager never sent this): only its events can tell the manager
+    r = httpx.post(b.url + "/v1/completions", json={"model": "small", "prompt": prompt, "max_tokens": 1,
+                                                     "cache_salt": "tenant-a"}, timeout=120)
+    assert r.status_code == 200
+    assert wait_for(lambda: b.view.cached_tokens("tenant-a", prompt) >= 1184, 2.0)
+    _, dec, reported = call(clients["a"], "small", prompt + ids(rng, 40), "ev")
+    assert dec["instance"] == b.url and int(dec["predicted_cached_tokens"]) == reported >= 1184
+    for k in range(3):                                            # fillers evict it from the 80-block pool
+        httpx.post(b.url + "/v1/completions", json={"model": "small", "prompt": ids(rng, 1500), "max_tokens": 1,
+                                                     "cache_salt": "tenant-a"}, timeout=120)
+    assert wait_for(lambda: b.view.cached_tokens("tenant-a", prompt) < 1184, 2.0)
+    state = mgr.sessions[("tenant-a", "ev")]
+    guess = b.guess_cached(prompt + ids(rng, 1), state)
+    _, dec2, reported2 = call(clients["a"], "small", prompt + ids(rng, 60), "ev")
+    assert not (dec2["instance"] == b.url and dec2["action"] == "reuse" and reported2 < 32)
+    assert abs(int(dec2["predicted_cached_tokens"]) - reported2) <= 32
+    REPORT["eviction"] = {"guess_cached_at_b": guess, "registry_predicted": int(dec2["predicted_cached_tokens"]),
+                          "reported": reported2, "instance": dec2["instance"]}
+    assert guess - reported2 > 32 * 10 or dec2["instance"] != b.url   # the guess-based path mis-predicts here
+
+
+def test_joint_choice_auto(gw):
+    mgr, clients, peers = gw
+    rng = random.Random(3)
+    prompt = ids(rng, 800)
+    _, dec0, _ = call(clients["a"], "small", prompt, "j1")
+    warm = dec0["instance"]
+    time.sleep(0.3)
+    _, dec, reported = call(clients["a"], "auto", prompt + ids(rng, 30), "j1")
+    assert dec["model"] == "small" and dec["instance"] == warm and dec["action"] == "reuse"   # cheaper and warm
+    assert (dec["model"], dec["instance"]) == (mgr.calls[-1].model, mgr.calls[-1].instance)
+    assert int(dec["predicted_cached_tokens"]) == reported > 0
+    _, dec_q, _ = call(clients["a"], "auto", prompt + ids(rng, 30), "j1", headers={"X-Gateway-Min-Quality": "0.8"})
+    assert dec_q["model"] == "large"                              # the quality floor excludes small
+    assert (dec_q["model"], dec_q["instance"]) == (mgr.calls[-1].model, mgr.calls[-1].instance)
+    rec = clients["a"].get("/manager/decisions").json()[-1]
+    assert all(not o["feasible"] and "Q=" in o["reason"] for o in rec["options"] if o["model_id"] == "small")
+    decisions = clients["a"].get("/manager/decisions").json()
+    for d in decisions:
+        assert d["action"] in ("reuse", "shadow", "reprefill")    # infeasible actions never chosen
+        if d["auto"]:
+            assert {o["action"] for o in d["options"] if not o["feasible"]} >= {"transfer", "map", "edge_prefill"}
+    # the decision (and its header) names the model and instance /manager/calls records, on every call
+    calls = clients["a"].get("/manager/calls").json()
+    assert len(calls) == len(decisions) > 0
+    for d, c in zip(decisions, calls):
+        assert (d["model"], d["instance"], d["session"]) == (c["model"], c["instance"], c["session_id"])
+
+
+def test_replay_predicts_cached_tokens(gw):
+    mgr, clients, _ = gw
+    rng = random.Random(4)
+    ok = total = 0
+    prompts = {s: ids(rng, 100 + 40 * s) for s in range(8)}
+    for k in range(4):
+        for s in range(8):
+            model = ("small", "large")[(s + k) % 3 == 0]
+            body, dec, reported = call(clients["a"], model, prompts[s], f"rep{s}", max_tokens=4)
+            total += 1
+            ok += abs(int(dec["predicted_cached_tokens"]) - reported) <= 32
+            prompts[s] = prompts[s] + body["choices"][0]["token_ids"] + ids(rng, 40)
+            time.sleep(0.1)
+    REPORT["replay_within_one_block"] = f"{ok}/{total}"
+    assert ok >= 0.95 * total
+
+
+def test_reset_and_killed_server(gw):
+    mgr, clients, peers = gw
+    a = inst(mgr, peers["servers"]["a"]["url"])
+    assert len([e for e in mgr.gateway.registry.entries() if e.location.site == a.url]) > 0
+    r = httpx.post(a.url + "/reset_prefix_cache", timeout=30)
+    assert r.status_code == 200, r.text
+    assert wait_for(lambda: not [e for e in mgr.gateway.registry.entries() if e.location.site == a.url], 2.0)
+    b = inst(mgr, peers["servers"]["b"]["url"])
+    os.killpg(peers["servers"]["b"]["pid"], signal.SIGKILL)
+    rng = random.Random(5)
+    for k in range(3):                                           # nothing hangs; b is dropped
+        call(clients["a"], "small", ids(rng, 200), f"kill{k}")
+    assert wait_for(lambda: not [e for e in mgr.gateway.registry.entries() if e.location.site == b.url], 5.0)
+    summary = clients["a"].get("/manager/summary").json()["instances"][b.url]
+    REPORT["after_kill"] = {"alive": summary["alive"], "source": summary["source"]}
+    metrics = clients["a"].get("/metrics").text
+    assert "shadowprefill_gateway_decisions_total" in metrics and "shadowprefill_gateway_registry_entries" in metrics
