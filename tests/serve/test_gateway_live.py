@@ -158,6 +158,23 @@ def test_manager_rejects_malformed_sampling(fleet, field, value):
     assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
+def test_startup_report_names_models_instances_and_checks(fleet):
+    from shadowprefill.serve.cli import startup_report
+    mgr, _, small, large = fleet
+    config = ManagerConfig.from_dict({**{"models": {
+        "small": [{"url": small.url, "served_model_name": "tiny",
+                   "kv_events": {"endpoint": "tcp://127.0.0.1:1", "topic": "kv"}}],
+        "large": [{"url": large.url, "served_model_name": "tiny_large"}, "http://127.0.0.1:9"]}}})
+    text = startup_report(config, "127.0.0.1", 8000, timeout=1.0)
+    lines = text.splitlines()
+    assert "models ['large', 'small']" in lines[0] and "gateway off" in lines[0]
+    small_line = next(x for x in lines if small.url in x)
+    assert "reachable" in small_line and "queue metric ok" in small_line and "KV events on tcp://127.0.0.1:1" in small_line
+    assert "no /tokenize" in small_line
+    assert "no KV events" in next(x for x in lines if large.url in x)
+    assert "unreachable now" in next(x for x in lines if "127.0.0.1:9 " in x)
+
+
 def test_dead_upstream_drops_its_entries(fleet):
     """Last in the module: stops the small server."""
     mgr, clients, small, _ = fleet
