@@ -100,6 +100,11 @@ class GatewayRequest:
     lead_time_s: float = 0.0  # time before this call's prefill must start (shadow work can warm meanwhile)
     now: float | None = None
     output_tokens: int = 0  # expected completion tokens (billed at each candidate's output_price)
+    tokens_by_model: dict | None = None  # model -> its own token ids of the prompt (tokenizers differ)
+
+    def tokens_for(self, model_id: str) -> Sequence[int]:
+        """The prompt as `model_id` tokenizes it (``tokens`` unless ``tokens_by_model`` names the model)."""
+        return (self.tokens_by_model or {}).get(model_id, self.tokens)
 
     def __post_init__(self):
         if not isinstance(self.tenant, str) or not self.tenant:
@@ -241,10 +246,11 @@ class ControlPlane:
 
     # ---- enumeration ------------------------------------------------------------------------------
     def _options(self, req: GatewayRequest, c: Candidate, all_cands: Sequence[Candidate]) -> list[Option]:
-        n, base = len(req.tokens), self.overhead_s + c.queue_s
+        tokens = req.tokens_for(c.model_id)
+        n, base = len(tokens), self.overhead_s + c.queue_s
         opts = [Option(c.model_id, c.site, "reprefill", None, None, 0,
                        base + self._prefill_s(c, c.site, n, 0), self._bill(c, n, 0), c.quality)]
-        hits = [] if self.registry is None else self.registry.hits(req.tenant, c.model_id, req.tokens, req.now)
+        hits = [] if self.registry is None else self.registry.hits(req.tenant, c.model_id, tokens, req.now)
         local = [h for h in hits if h.entry.location.site == c.site]
         if local:  # reuse: longest prefix at the target site, fastest tier among equals
             h = min(local, key=lambda h: (-h.matched_tokens, self._tier_read_s(h, 1.0)))
@@ -280,7 +286,7 @@ class ControlPlane:
                                c.quality))
         for mapper in self.mappers.for_target(c.model_id):  # map: another model's cache through f_{i→j}
             src_hits = [] if self.registry is None else \
-                self.registry.hits(req.tenant, mapper.source_model, req.tokens, req.now)
+                self.registry.hits(req.tenant, mapper.source_model, req.tokens_for(mapper.source_model), req.now)
             if not src_hits:
                 continue
             h = max(src_hits, key=lambda h: (h.matched_tokens, h.entry.location.site == c.site))

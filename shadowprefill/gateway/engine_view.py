@@ -8,7 +8,8 @@ tenant-seeded namespace, so an entry never matches another tenant's lookup. The 
 without a salt belong to `default_tenant`. `BlockRemoved` truncates the registry entries at the site
 before the removed block; `AllBlocksCleared` (or a dead engine, `clear()`) drops the site. Events arrive
 in sequence order (`apply(seq, batch)`): a gap is reported to the caller (who replays), an old or
-malformed event is logged and skipped. Thread-safe: the subscriber thread applies, the manager looks up.
+malformed event is logged and skipped; seq 0 after a higher one is a restarted publisher (the view is
+cleared). Thread-safe: the subscriber thread applies, the manager looks up.
 """
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ class EngineView:
     def apply(self, seq: int, batch: EventBatch, replayed: bool = False) -> str:
         """Apply one batch: 'applied', 'gap' (seq skipped ahead: replay from last_seq + 1 first, then apply
         again) or 'old' (already applied or out of order: skipped)."""
+        if seq == 0 and self.last_seq is not None and self.last_seq > 0:       # the publisher restarted
+            log.warning("kv events from %s: sequence restarted at 0; forgetting what it held", self.site)
+            self.clear()
+            self.last_seq = None
         if self.last_seq is not None and seq <= self.last_seq:
             self.stats["skipped"] += 1
             log.warning("kv events from %s: out-of-order seq %d after %d, skipped", self.site, seq, self.last_seq)
@@ -135,8 +140,11 @@ class EngineView:
             return self.registry.drop_site(self.site)
 
     # ------------------------------------------------------------------------------------------ queries
-    def expect_event(self, within_s: float = 2.0) -> None:
-        """A call computed new full blocks here: its BlockStored is due within `within_s` seconds."""
+    def expect_event(self, within_s: float = 2.0, since: float | None = None) -> None:
+        """A call (started at monotonic `since`) computed new full blocks here: its BlockStored is due
+        within `within_s` seconds, unless a batch already came after the call started."""
+        if since is not None and self.last_event_at is not None and self.last_event_at >= since:
+            return
         if self.expect_by is None:
             self.expect_by = time.monotonic() + within_s
 

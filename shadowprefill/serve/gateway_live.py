@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+
+import httpx
 import logging
 import math
 import threading
@@ -107,9 +109,11 @@ class LiveGateway:
                 try:
                     r = await self.client.get(inst.url + "/metrics", timeout=2.0)
                     inst.waiting = prom.metric_sum(prom.parse_metrics(r.text), prom.WAITING, default=math.nan)
-                except Exception as exc:  # noqa: BLE001 - any failure: the server is unreachable
+                except (httpx.ConnectError, OSError) as exc:      # nothing listens: its cache is gone
                     inst.waiting = math.nan
                     self.dead(inst, f"metrics: {exc!r}")
+                except Exception:  # noqa: BLE001 - slow or odd answer: queue unknown, cache kept
+                    inst.waiting = math.nan
             await asyncio.sleep(max(period, 0.05))
 
     def dead(self, inst, error: str) -> None:
@@ -182,7 +186,7 @@ class LiveGateway:
         if not cands:
             return None, None
         any_ids = next(iter(tokens.values()))
-        req = GatewayRequest(registry_tenant(tenant), any_ids, output_tokens=max_tokens)
+        req = GatewayRequest(registry_tenant(tenant), any_ids, output_tokens=max_tokens, tokens_by_model=tokens)
         cons = Constraints(max_latency_s=math.inf if max_l is None else max_l, min_quality=min_q,
                            lambda_latency=gw.lambda_latency, lambda_cost=gw.lambda_cost)
         with self.lock:
@@ -193,8 +197,13 @@ class LiveGateway:
         self.decisions.append(rec)
         self.actions[rec["action"]] += 1
 
+    def entries_at(self, site: str) -> list:
+        """Registry entries at one instance (a consistent copy)."""
+        with self.lock:
+            return [e for e in self.registry.entries() if e.location.site == site]
+
     def learn(self, rec: dict, reported: int | None, prompt_tokens: int | None, ttft_s: float | None,
-              inst) -> None:
+              inst, started: float | None = None) -> None:
         """Compare prediction and report; feed the instance's prefill fit and call-time EWMA."""
         rec["reported_cached_tokens"] = reported
         if reported is not None:
@@ -204,7 +213,7 @@ class LiveGateway:
             bs = inst.view.block_size if inst.view is not None and inst.view.block_size else 16
             self.within_block += int(err <= bs)
             if inst.view is not None and prompt_tokens is not None and prompt_tokens - reported >= bs:
-                inst.view.expect_event(self.gw.stale_after_s if self.gw else 2.0)
+                inst.view.expect_event(self.gw.stale_after_s if self.gw else 2.0, since=started)
         if ttft_s is not None and prompt_tokens and reported is not None:
             self.fit.observe(inst.url, prompt_tokens, min(reported, prompt_tokens), ttft_s)
             inst.call_s = 0.8 * inst.call_s + 0.2 * ttft_s

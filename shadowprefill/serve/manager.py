@@ -283,7 +283,8 @@ class Manager:
                     ttft = (answer.first_token - arrival) if answer.first_token is not None else \
                         (finish - arrival if usage.get("completion_tokens") == 1 else None)
                     try:
-                        gw.learn(rec, answer.cached_tokens, usage.get("prompt_tokens"), ttft, ticket.instance)
+                        gw.learn(rec, answer.cached_tokens, usage.get("prompt_tokens"), ttft, ticket.instance,
+                                 started=arrival)
                     except Exception:  # noqa: BLE001 - learning never fails a call
                         log.exception("gateway learning failed")
             if state is not None and status == 200 and error is None:

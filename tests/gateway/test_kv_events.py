@@ -149,3 +149,33 @@ def test_zmq_stream_with_replay_of_a_gap():
         pub.close(0)
         router.close(0)
         ctx.term()
+
+
+def test_restarted_publisher_and_expectation_after_the_event():
+    rng = random.Random(5)
+    _, a, _ = view_pair()
+    toks = [rng.randrange(10, 500) for _ in range(2 * BS)]
+    ev, _ = stored(toks)
+    a.apply(0, EventBatch(0.0, (ev,)))
+    a.apply(1, EventBatch(0.0, ()))
+    assert a.cached_tokens("", toks) == 2 * BS
+    assert a.apply(0, EventBatch(0.0, ())) == "applied"          # seq 0 again: a restarted engine holds nothing
+    assert a.cached_tokens("", toks) == 0 and a.last_seq == 0
+    started = time.monotonic() - 1.0                              # the call started before the last batch
+    a.expect_event(within_s=0.0, since=started)
+    assert not a.stale(time.monotonic() + 5)
+
+
+def test_control_plane_uses_each_models_own_tokens():
+    from shadowprefill.gateway.control_plane import Candidate, ControlPlane, GatewayRequest
+    from shadowprefill.gateway.registry import CacheLayout, Location
+    rng = random.Random(6)
+    reg = CacheRegistry()
+    tb = [rng.randrange(10, 500) for _ in range(8 * BS)]
+    reg.insert("t", "b", "live", tb, CacheLayout(BS, 1, 1, 1), Location("s"))
+    ta = [rng.randrange(10, 500) for _ in range(7 * BS)]           # model a's tokenizer splits differently
+    req = GatewayRequest("t", ta, tokens_by_model={"b": tb + [1, 2]})
+    d = ControlPlane(registry=reg).decide(req, [Candidate("a", "s"), Candidate("b", "s")])
+    reuse = [o for o in d.options if o.action == "reuse"]
+    assert [(o.model_id, o.cached_tokens) for o in reuse] == [("b", 8 * BS)]
+    assert {o.model_id: o.cached_tokens for o in d.options if o.action == "reprefill"} == {"a": 0, "b": 0}

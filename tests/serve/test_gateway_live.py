@@ -179,9 +179,9 @@ def test_dead_upstream_drops_its_entries(fleet):
     """Last in the module: stops the small server."""
     mgr, clients, small, _ = fleet
     inst = mgr.instances["small"][0]
-    assert wait_for(lambda: len([e for e in mgr.gateway.registry.entries() if e.location.site == inst.url]) > 0)
+    assert wait_for(lambda: len(mgr.gateway.entries_at(inst.url)) > 0)
     small.stop()
     r = clients["a"].post("/v1/completions", json={"model": "small", "prompt": [11] * 40, "max_tokens": 1},
                           headers={"X-Session-Id": "dead"})
     assert r.status_code == 503 and "small" in r.json()["error"]["message"]
-    assert not [e for e in mgr.gateway.registry.entries() if e.location.site == inst.url]
+    assert not mgr.gateway.entries_at(inst.url)
