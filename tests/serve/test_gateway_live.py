@@ -185,3 +185,35 @@ def test_dead_upstream_drops_its_entries(fleet):
                           headers={"X-Session-Id": "dead"})
     assert r.status_code == 503 and "small" in r.json()["error"]["message"]
     assert not mgr.gateway.entries_at(inst.url)
+
+
+def test_shadow_skipped_when_the_engine_already_holds_it():
+    import threading
+
+    from shadowprefill.cluster.session import SessionState
+    from shadowprefill.gateway.engine_view import EngineView
+    from shadowprefill.gateway.kv_events import BlockStored, EventBatch
+    from shadowprefill.gateway.registry import CacheRegistry
+    from shadowprefill.serve.upstream import HttpInstance
+
+    class Dispatcher:
+        def __init__(self):
+            self.pending, self.sent = {}, []
+
+        def submit(self, task):
+            self.sent.append(task)
+
+    rng = random.Random(9)
+    inst = HttpInstance("small", "http://x", "tiny")
+    inst.dispatcher = Dispatcher()
+    inst.view = EngineView(CacheRegistry(), threading.RLock(), "http://x", "small")
+    held = ids(rng, 4 * BS)
+    inst.view.apply(0, EventBatch(0.0, (BlockStored(tuple(range(4)), None, tuple(held), BS, (("t",), None, None, None)),)))
+    session = SessionState("s", "t")
+    inst.upsert_shadow(session, ("/v1/completions", {"prompt": held + [7, 8]}), 1.0)    # whole pages held
+    assert inst.stats["shadow_skipped_held"] == 1 and not inst.dispatcher.sent
+    inst.upsert_shadow(session, ("/v1/completions", {"prompt": held + ids(rng, BS)}), 1.0)   # one page more
+    assert len(inst.dispatcher.sent) == 1
+    other = SessionState("s", "u")                                  # another tenant holds nothing here
+    inst.upsert_shadow(other, ("/v1/completions", {"prompt": held}), 1.0)
+    assert len(inst.dispatcher.sent) == 2

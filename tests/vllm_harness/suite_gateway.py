@@ -20,14 +20,16 @@ from shadowprefill.serve.app_runner import AppThread
 from shadowprefill.serve.config import ManagerConfig
 from shadowprefill.serve.frontdoor import MANAGER_KEY, make_manager_app
 
-SPEC = os.environ.get("SP_GATEWAY_PEERS")
-pytestmark = pytest.mark.skipif(not SPEC, reason="needs vLLM servers with KV events (tests/vllm_harness/run_gateway.sh)")
 REPORT: dict = {}
 
 
 @pytest.fixture(scope="module")
 def peers():
-    return json.loads(Path(SPEC).read_text())
+    spec = os.environ.get("SP_GATEWAY_PEERS")
+    if not spec:
+        raise RuntimeError("SP_GATEWAY_PEERS is not set: this suite runs against real vLLM servers with KV "
+                           "events; run it with bash tests/vllm_harness/run_gateway.sh")
+    return json.loads(Path(spec).read_text())
 
 
 @pytest.fixture(scope="module")
