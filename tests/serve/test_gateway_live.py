@@ -217,3 +217,45 @@ def test_shadow_skipped_when_the_engine_already_holds_it():
     other = SessionState("s", "u")                                  # another tenant holds nothing here
     inst.upsert_shadow(other, ("/v1/completions", {"prompt": held}), 1.0)
     assert len(inst.dispatcher.sent) == 2
+
+
+def test_missing_queue_metric_holds_shadows():
+    """A server without vllm:num_requests_waiting (e.g. another engine) is never read as idle."""
+    import asyncio
+
+    from shadowprefill.serve.shadow_dispatch import ShadowDispatcher, ShadowTask
+    from shadowprefill.serve.upstream import HttpInstance
+
+    class Resp:
+        def __init__(self, text, status=200):
+            self.text, self.status_code = text, status
+
+        def raise_for_status(self):
+            pass
+
+    class Client:
+        def __init__(self, metrics):
+            self.metrics, self.posts = metrics, []
+
+        async def get(self, url, timeout):
+            return Resp(self.metrics)
+
+        async def post(self, url, json, timeout, headers):
+            self.posts.append(json)
+            return Resp("{}")
+
+    async def run(metrics):
+        inst = HttpInstance("small", "http://x", "tiny")
+        client = Client(metrics)
+        d = ShadowDispatcher(inst, client, poll_s=0.01, timeout_s=1.0, dead_retry_s=1.0)
+        inst.dispatcher = d
+        d.start()
+        d.submit(ShadowTask(("t", "s"), "/v1/completions", {"prompt": [1, 2]}, 0.0))
+        await asyncio.sleep(0.2)
+        await d.stop()
+        return inst, client
+
+    inst, client = asyncio.run(run("sglang:num_queue_reqs 0\n"))
+    assert not client.posts and inst.stats["shadow_held_no_queue_metric"] > 0 and inst.queue_metric is False
+    inst, client = asyncio.run(run("vllm:num_requests_waiting 0\n"))
+    assert len(client.posts) == 1 and inst.queue_metric is True
