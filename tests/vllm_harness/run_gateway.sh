@@ -2,7 +2,8 @@
 # The live gateway against real vLLM servers with KV-cache events on (issue 22): three servers — `small` (A),
 # `small` with an 80-block KV pool (B, evictions) and `large` (L) — each publishing KVEventBatch over ZMQ to
 # an endpoint the manager binds (vLLM connects to a non-wildcard address) with its own replay socket; then
-# tests/vllm_harness/suite_gateway.py (the manager in-process). Servers are killed on exit.
+# tests/vllm_harness/suite_gateway.py (the manager in-process), after units_kv_events_interop.py (vLLM's own
+# publisher class against the gateway's subscriber, no model). Servers are killed on exit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
@@ -14,6 +15,8 @@ if [[ ! -f "$WORK/models/small/tokenizer.json" ]]; then
   "$PY" tests/vllm_harness/build_models.py "$WORK/models"
   "$VENV/bin/python" tests/vllm_harness/train_tokenizer.py "$WORK/models/small" "$WORK/models/large" "$WORK/models/medium"
 fi
+# the subscriber against vLLM's own ZmqEventPublisher first (wire format, wildcard bind, replay of a gap)
+VLLM_VENV="$VENV" "$PY" -m pytest -q tests/vllm_harness/units_kv_events_interop.py
 source tests/vllm_harness/servers.sh
 events() {  # pub-port replay-port -> --kv-events-config JSON
   echo "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:$1\", \"replay_endpoint\": \"tcp://127.0.0.1:$2\", \"topic\": \"kv\"}"
