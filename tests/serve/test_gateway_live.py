@@ -259,3 +259,33 @@ def test_missing_queue_metric_holds_shadows():
     assert not client.posts and inst.stats["shadow_held_no_queue_metric"] > 0 and inst.queue_metric is False
     inst, client = asyncio.run(run("vllm:num_requests_waiting 0\n"))
     assert len(client.posts) == 1 and inst.queue_metric is True
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"models": {"small": ["http://127.0.0.1:1"]}, "shadow": {"priorty": 5}}, "config.shadow has unknown keys ['priorty']"),
+    ({"models": {"small": ["http://127.0.0.1:1"]}, "router": {"type": "markov", "pp": 1}},
+     "config.router has unknown keys ['pp']"),
+    ({"models": {"small": [{"url": "http://127.0.0.1:1", "kv_events": {"endpoint": "tcp://h:1", "topik": "kv"}}]}},
+     "config.models['small'].kv_events has unknown keys ['topik']"),
+    ({"models": {"small": ["http://127.0.0.1:1"]}, "gateway": {"models": {"small": {"price": 1}}}},
+     "config.gateway.models['small'] has unknown keys ['price']"),
+    ({"models": {"small": ["http://127.0.0.1:1"]}, "gateway": {"min_qualty": 1}}, "config.gateway has unknown keys"),
+])
+def test_nested_config_keys_one_line(capsys, tmp_path, config, needle):
+    from shadowprefill.cli import main
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(config))
+    rc = main(["serve-manager", "--config", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("shadowprefill serve-manager: error: ")
+    assert needle in err[0] and str(path) in err[0]
+
+
+@pytest.mark.parametrize("text, needle", [("{", "must be JSON"), ('{"enable_kv_cache_events": true, "x": 1}', "['x']"),
+                                          ('{"endpoint": "tcp://*:1"}', "enable_kv_cache_events"),
+                                          ('{"enable_kv_cache_events": true, "endpoint": "nowhere"}', "ZMQ address")])
+def test_serve_engine_kv_events_config_errors(capsys, text, needle):
+    from shadowprefill.cli import main
+    rc = main(["serve-engine", "--port", "0", "--kv-events-config", text])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
