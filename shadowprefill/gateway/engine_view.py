@@ -109,8 +109,8 @@ class EngineView:
                 raise ValueError("parent block unknown")
             tokens = prefix + list(ev.token_ids)
             layout = CacheLayout(ev.block_size, 1, 1, 1)      # page metadata only: engines own the bytes
-            entry = self.registry.insert(registry_tenant(tenant), self.model, LIVE_VERSION, tokens, layout, Location(self.site),
-                                         provenance="engine")
+            entry = self.registry.insert(registry_tenant(tenant), self.model, LIVE_VERSION, tokens, layout,
+                                         Location(self.site), provenance="engine")
             first = len(prefix) // ev.block_size
             parent = ev.parent_block_hash
             for i, h in enumerate(ev.block_hashes):
@@ -125,8 +125,8 @@ class EngineView:
                 if node is None:
                     continue
                 self.stats["removed"] += 1
-                for e in self.registry.at_site(node[3], self.site) if node[3] is not None else ():
-                    self.registry.truncate(e.entry_id, e.block_hashes.index(node[3]))
+                for e in (self.registry.at_site(node[3], self.site) if node[3] is not None else ()):
+                    self.registry.truncate(e.entry_id, e.block_hashes.index(node[3]))   # keep what precedes it
         elif isinstance(ev, AllBlocksCleared):
             self.clear()
             self.stats["cleared"] += 1

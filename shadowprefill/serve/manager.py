@@ -2,9 +2,11 @@
 orchestration core.
 
 The manager sits between agents and a fleet of OpenAI-compatible servers (vLLM or the built-in
-`engine_server`; a server without vLLM's queue metric gets no shadows), several instances per model, each an `HttpInstance` of the orchestration core
-(`cluster.manager.ClusterManager`: sessions, sticky placement by lowest estimated prefill completion, the
-next-model prior, shadow targets). For each call of a session it routes (per-step router), lets the core
+`engine_server`; a server without vLLM's queue metric gets no shadows), several instances per model, each
+an `HttpInstance` of the orchestration core (`cluster.manager.ClusterManager`: sessions, sticky placement
+by lowest estimated prefill completion, the next-model prior, shadow targets); with a `gateway` config
+section the live gateway (`serve.gateway_live`) feeds placement from the servers' own KV-cache events and
+decides `"model": "auto"` calls. For each call of a session it routes (per-step router), lets the core
 place it, forwards the request and streams the answer back unchanged. After the call completes the core
 hands the call's prompt + response to the session's sticky instance of every other model (or the top-1 /
 the gated ones by next-model prior) as lowest-priority shadow work with `max_tokens: 1`
@@ -187,40 +189,10 @@ class Manager:
         if not chat and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]
         state = self.core.session(session_id, tenant, shadow_enabled=shadow_enabled) if session_id else None
-        gw, decision, by_site, tokens, pin = self.gateway, None, None, {}, None
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
-        max_tokens = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else 16
-        auto = body.get("model") == "auto" and self.config.gateway is not None and "auto" not in self.config.models
-        try:
-            if auto:
-                for m in self.config.gateway.models:
-                    tokens[m] = await gw.tokens(m, kind, prompt, state.key if state else None)
-                decision, by_site = gw.decide_auto(tenant, {m: t for m, t in tokens.items() if t}, request.headers,
-                                                   max_tokens)
-        except ValueError as exc:                            # a malformed gateway header
-            return error_response(400, str(exc), "invalid_request_error")
-        except Exception:  # noqa: BLE001 - a decision failure falls back to plain routing
-            log.exception("gateway decision failed; plain routing")
-            decision = None
-        if auto and decision is not None and decision.chosen is not None:
-            model, pin = decision.chosen.model_id, by_site[decision.chosen.site]
-        elif auto:
-            if decision is not None:                         # nothing feasible: say so
-                why = "; ".join(sorted({o.reason for o in decision.options if o.reason}))
-                return error_response(400, f"model auto: no (model, instance, action) meets the constraints: {why}",
-                                      "invalid_request_error")
-            model = next(iter(self.config.gateway.models))
-        else:
-            try:
-                model = self.router.route(state, body.get("model"))
-            except ValueError as exc:
-                return error_response(404, str(exc), "not_found_error")
-        try:
-            if model not in tokens and any(i.view is not None for i in self.instances[model]):
-                tokens[model] = await gw.tokens(model, kind, prompt, state.key if state else None)
-        except Exception:  # noqa: BLE001 - no tokens: the guess answers
-            log.exception("tokenization failed")
-        placed_prompt = GatewayPrompt(prompt, tenant, {m: t for m, t in tokens.items() if t}, pin)
+        routed = await self._route(request, body, kind, prompt, state, tenant)
+        if isinstance(routed, web.Response):
+            return routed
+        model, placed_prompt, decision, auto = routed
         stream = bool(body.get("stream"))
         opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
         client_usage = bool(opts.get("include_usage"))
@@ -277,6 +249,7 @@ class Manager:
                 prompt_tokens=usage.get("prompt_tokens"), cached_tokens=answer.cached_tokens,
                 output_tokens=usage.get("completion_tokens"), stream=stream, status=status, error=error))
             if rec is not None:
+                gw = self.gateway
                 rec["call"] = len(self.calls) - 1
                 gw.record(rec)
                 if status == 200 and error is None:
@@ -297,6 +270,46 @@ class Manager:
             if ticket is not None:
                 self.core.finish_call(ticket, history)
         return out
+
+    async def _route(self, request: web.Request, body: dict, kind: str, prompt, state, tenant: str):
+        """(model, prompt to place, gateway decision or None, auto?) of a call, or an error response.
+        `"model": "auto"` with a gateway section: the control plane's choice (a decision failure falls back
+        to the first gateway model); otherwise the per-step router's."""
+        gw, decision, by_site, tokens, pin = self.gateway, None, None, {}, None
+        key = state.key if state else None
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+        max_tokens = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else 16
+        auto = body.get("model") == "auto" and self.config.gateway is not None and "auto" not in self.config.models
+        try:
+            if auto:
+                for m in self.config.gateway.models:
+                    tokens[m] = await gw.tokens(m, kind, prompt, key)
+                decision, by_site = gw.decide_auto(tenant, {m: t for m, t in tokens.items() if t}, request.headers,
+                                                   max_tokens)
+        except ValueError as exc:                            # a malformed gateway header
+            return error_response(400, str(exc), "invalid_request_error")
+        except Exception:  # noqa: BLE001 - a decision failure falls back to plain routing
+            log.exception("gateway decision failed; plain routing")
+            decision = None
+        if auto and decision is not None and decision.chosen is not None:
+            model, pin = decision.chosen.model_id, by_site[decision.chosen.site]
+        elif auto:
+            if decision is not None:                         # nothing feasible: say so
+                why = "; ".join(sorted({o.reason for o in decision.options if o.reason}))
+                return error_response(400, f"model auto: no (model, instance, action) meets the constraints: {why}",
+                                      "invalid_request_error")
+            model = next(iter(self.config.gateway.models))
+        else:
+            try:
+                model = self.router.route(state, body.get("model"))
+            except ValueError as exc:
+                return error_response(404, str(exc), "not_found_error")
+        try:
+            if model not in tokens and any(i.view is not None for i in self.instances[model]):
+                tokens[model] = await gw.tokens(model, kind, prompt, key)
+        except Exception:  # noqa: BLE001 - no tokens: the guess answers
+            log.exception("tokenization failed")
+        return model, GatewayPrompt(prompt, tenant, {m: t for m, t in tokens.items() if t}, pin), decision, auto
 
     def _describe(self, inst, answer: _Answer, tenant: str, session_id, prompt: GatewayPrompt, state, decision,
                   auto: bool) -> dict | None:
