@@ -169,7 +169,8 @@ def test_startup_report_names_models_instances_and_checks(fleet):
     lines = text.splitlines()
     assert "models ['large', 'small']" in lines[0] and "gateway off" in lines[0]
     small_line = next(x for x in lines if small.url in x)
-    assert "reachable" in small_line and "queue metric ok" in small_line and "KV events on tcp://127.0.0.1:1" in small_line
+    assert "reachable" in small_line and "queue metric ok" in small_line
+    assert "KV events on tcp://127.0.0.1:1" in small_line
     assert "no /tokenize" in small_line
     assert "no KV events" in next(x for x in lines if large.url in x)
     assert "unreachable now" in next(x for x in lines if "127.0.0.1:9 " in x)
@@ -208,7 +209,8 @@ def test_shadow_skipped_when_the_engine_already_holds_it():
     inst.dispatcher = Dispatcher()
     inst.view = EngineView(CacheRegistry(), threading.RLock(), "http://x", "small")
     held = ids(rng, 4 * BS)
-    inst.view.apply(0, EventBatch(0.0, (BlockStored(tuple(range(4)), None, tuple(held), BS, (("t",), None, None, None)),)))
+    salted = BlockStored(tuple(range(4)), None, tuple(held), BS, (("t",), None, None, None))
+    inst.view.apply(0, EventBatch(0.0, (salted,)))
     session = SessionState("s", "t")
     inst.upsert_shadow(session, ("/v1/completions", {"prompt": held + [7, 8]}), 1.0)    # whole pages held
     assert inst.stats["shadow_skipped_held"] == 1 and not inst.dispatcher.sent
@@ -262,7 +264,8 @@ def test_missing_queue_metric_holds_shadows():
 
 
 @pytest.mark.parametrize("config, needle", [
-    ({"models": {"small": ["http://127.0.0.1:1"]}, "shadow": {"priorty": 5}}, "config.shadow has unknown keys ['priorty']"),
+    ({"models": {"small": ["http://127.0.0.1:1"]}, "shadow": {"priorty": 5}},
+     "config.shadow has unknown keys ['priorty']"),
     ({"models": {"small": ["http://127.0.0.1:1"]}, "router": {"type": "markov", "pp": 1}},
      "config.router has unknown keys ['pp']"),
     ({"models": {"small": [{"url": "http://127.0.0.1:1", "kv_events": {"endpoint": "tcp://h:1", "topik": "kv"}}]}},

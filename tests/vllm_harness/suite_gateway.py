@@ -139,8 +139,8 @@ def test_eviction_seen_and_guess_contrast(gw):
     r = httpx.post(b.url + "/v1/completions", json={"model": "small", "prompt": probe, "max_tokens": 1,
                                                      "cache_salt": "tenant-a"}, timeout=120)
     reported_b = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-    REPORT["eviction"] = {"manager_call": {"instance": dec2["instance"], "predicted": int(dec2["predicted_cached_tokens"]),
-                                           "reported": reported2},
+    REPORT["eviction"] = {"manager_call": {"instance": dec2["instance"], "reported": reported2,
+                                           "predicted": int(dec2["predicted_cached_tokens"])},
                           "at_b": {"registry_predicted": pred_b, "guess": guess_b, "reported": reported_b}}
     assert abs(pred_b - reported_b) <= 32
     assert guess_b - reported_b > 32 * 10                        # the guess-based path mis-predicts here
