@@ -111,6 +111,7 @@ class LiveGateway:
                     inst.waiting = prom.metric_sum(prom.parse_metrics(r.text), prom.WAITING, default=math.nan)
                 except (httpx.ConnectError, OSError) as exc:      # nothing listens: its cache is gone
                     inst.waiting = math.nan
+                    inst.mark_down(f"metrics: {exc!r}", self.config.dead_retry_s)
                     self.dead(inst, f"metrics: {exc!r}")
                 except Exception:  # noqa: BLE001 - slow or odd answer: queue unknown, cache kept
                     inst.waiting = math.nan

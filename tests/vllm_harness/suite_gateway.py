@@ -210,7 +210,10 @@ def test_reset_and_killed_server(gw):
     for k in range(3):                                           # nothing hangs; b is dropped
         call(clients["a"], "small", ids(rng, 200), f"kill{k}")
     assert wait_for(lambda: not mgr.gateway.entries_at(b.url), 5.0)
+    _, dec, _ = call(clients["a"], "small", ids(rng, 300), "ev")     # a session sticky to b falls back to a
+    assert dec["instance"] == a.url
     summary = clients["a"].get("/manager/summary").json()["instances"][b.url]
-    REPORT["after_kill"] = {"alive": summary["alive"], "source": summary["source"]}
+    REPORT["after_kill"] = {"alive": summary["alive"], "source": summary["source"], "last_error": summary["last_error"]}
+    assert summary["alive"] is False
     metrics = clients["a"].get("/metrics").text
     assert "shadowprefill_gateway_decisions_total" in metrics and "shadowprefill_gateway_registry_entries" in metrics
