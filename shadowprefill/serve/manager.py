@@ -216,7 +216,7 @@ class Manager:
             state.calls_in_flight += 1
             state.last_active = arrival
         answer = _Answer()
-        status, error, out, history, ticket = 200, None, None, None, None
+        status, error, out, history, ticket, rec = 200, None, None, None, None, None
         try:
             try:
                 ticket = self.core.submit_call(session_id, None, model, placed_prompt, tenant=tenant,
@@ -224,7 +224,6 @@ class Manager:
             except NoLiveInstance:
                 pass
             placed = ticket is not None
-            rec = None
             while placed:
                 rec = self._describe(ticket.instance, answer, tenant, session_id, placed_prompt, state, decision, auto)
                 status, error, out, retry = await self._send(request, ticket, answer, stream, chat, client_usage,
@@ -269,6 +268,9 @@ class Manager:
                 state.last_active = time.monotonic()
             if ticket is not None:
                 self.core.finish_call(ticket, history)
+                if rec is not None and history is not None and state is not None:   # the shadows this call warms
+                    rec["shadows"] = [{"model": t, "instance": state.sticky[t].url}
+                                      for t, _ in ticket.deferred if state.sticky.get(t) is not None]
         return out
 
     async def _route(self, request: web.Request, body: dict, kind: str, prompt, state, tenant: str):
@@ -330,7 +332,7 @@ class Manager:
             rec = {"tenant": tenant, "session": session_id or "", "model": inst.model, "instance": inst.url,
                    "action": action, "predicted_cached_tokens": int(predicted),
                    "predicted_latency_s": round(float(latency), 6), "source": source, "auto": auto,
-                   "reported_cached_tokens": None}
+                   "reported_cached_tokens": None, "shadows": []}
             if auto and decision is not None:
                 rec["options"] = [option_dict(o) for o in decision.options]
             answer.headers = {"X-Gateway-Decision": "; ".join(

@@ -292,3 +292,24 @@ def test_serve_engine_kv_events_config_errors(capsys, text, needle):
     rc = main(["serve-engine", "--port", "0", "--kv-events-config", text])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_decision_lists_the_shadows_a_call_warms(tmp_path):
+    """With shadows on, a call's decision record names the other model's instance its history warms."""
+    small = AppThread(make_engine_server("tiny", model_name="tiny").app).start()
+    large = AppThread(make_engine_server("tiny_large", model_name="tiny_large").app).start()
+    config = ManagerConfig.from_dict({"models": {"small": [{"url": small.url, "served_model_name": "tiny"}],
+                                                 "large": [{"url": large.url, "served_model_name": "tiny_large"}]},
+                                      "shadow": {"poll_s": 0.02}})
+    mgr = AppThread(lambda: make_manager_app(config)).start()
+    try:
+        with httpx.Client(base_url=mgr.url, timeout=120) as client:
+            _, dec = call(client, "small", ids(random.Random(3), 64), "sh")
+            assert dec["source"] == "guess"
+            rec = client.get("/manager/decisions").json()[-1]
+            assert rec["shadows"] == [{"model": "large", "instance": large.url}]
+            assert client.post("/manager/wait-shadows?timeout=60").json()["idle"]
+    finally:
+        mgr.stop()
+        large.stop()
+        small.stop()
