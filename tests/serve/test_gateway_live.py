@@ -177,7 +177,7 @@ def test_startup_report_names_models_instances_and_checks(fleet):
 
 
 def test_dead_upstream_drops_its_entries(fleet):
-    """Last in the module: stops the small server."""
+    """The last test on `fleet`: it stops the small server."""
     mgr, clients, small, _ = fleet
     inst = mgr.instances["small"][0]
     assert wait_for(lambda: len(mgr.gateway.entries_at(inst.url)) > 0)
