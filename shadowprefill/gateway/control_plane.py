@@ -16,6 +16,9 @@ with L̃, C̃ = L, C divided by their largest value among the enumerated options
 * ``edge_prefill`` prefill on an edge site that hosts the model, ship the KV to the target (§III-C)
 * ``reprefill``    full target-side prefill
 
+After a call completes, :meth:`ControlPlane.plan_shadows` decides the shadow dispatch (where and
+whether to warm the likely next models with the call's history; `gateway.shadow_plan`).
+
 Cost is the token bill in units of c_miss: cached tokens at η·c_miss, prefilled tokens at c_miss; edge
 prefill is billed at the edge site's prefill price instead, plus harvested compute and link egress at
 their prices. Latencies come from a :class:`CostEstimator`:
@@ -29,6 +32,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from .analytic import DEFAULT_PARAMS, AnalyticParams
 from .registry import CacheLayout, CacheRegistry, PrefixHit
+from .shadow_plan import ShadowCandidate, ShadowChoice, plan_shadows  # noqa: F401  (public here)
 from .sites import Site, Topology
 from .transfer import CODECS, codec_quality_loss
 
@@ -220,10 +224,13 @@ class ControlPlane:
         return 0.0 if link is None else nbytes * link.price_per_byte
 
     def _prefill_s(self, c: Candidate, site: str, n: int, m: int) -> float:
+        return self._prefill_at(c.model_id, site, n, m)
+
+    def _prefill_at(self, model: str, site: str, n: int, m: int) -> float:
         at_site = getattr(self.estimator, "prefill_time_at", None)  # optional: a per-site (fitted) model
         if at_site is not None:
-            return at_site(site, c.model_id, n, m)
-        return self.estimator.prefill_time_s(c.model_id, n, m) / self._site(site).compute_scale
+            return at_site(site, model, n, m)
+        return self.estimator.prefill_time_s(model, n, m) / self._site(site).compute_scale
 
     def _bytes_per_token(self, c: Candidate, compression: str | None) -> float:
         if c.layout is not None:
@@ -361,3 +368,7 @@ class ControlPlane:
         if o is not None and o.entry_id is not None and self.registry is not None:
             if self.registry.get(o.entry_id) is not None:
                 self.registry.touch(o.entry_id, request.now, site=o.site)
+
+    def plan_shadows(self, tenant: str, candidates, cost_ratio: float = 0.1, now: float | None = None):
+        """Where and whether to shadow a session's history (`gateway.shadow_plan.plan_shadows`)."""
+        return plan_shadows(self, tenant, candidates, cost_ratio, now)

@@ -11,7 +11,7 @@
       "router": {"type": "request"},                # or {"type": "markov", "p": 0.3, "seed": 0}
       "api_keys": {"sk-team-a": "team-a"},          # key -> tenant; empty/absent: no auth, tenant ""
       "shadow": {"enabled": true, "priority": 1000, "targets": "all", "min_switch_prob": 0.0,
-                 "poll_s": 0.05, "timeout_s": 120},
+                 "cost_ratio": 0.1, "poll_s": 0.05, "timeout_s": 120},
       "connect_timeout_s": 2.0, "read_timeout_s": 300.0, "dead_retry_s": 5.0,
       "session_idle_s": 600.0,                      # a session idle this long has ended
       "tenant_cache_salt": null,                    # send cache_salt=<tenant>; null: on with > 1 tenant
@@ -35,6 +35,8 @@ from the routes of the manager's finished sessions, paper §3.1). `shadow.min_sw
 gate (no shadow to a model less likely than this; 0 = off, the paper's Predictive policy uses 0.25).
 `session_idle_s`: a session with no call for this long has ended (the prior learns its route, its state
 is freed).
+`shadow.cost_ratio`: the price of a second of shadow compute relative to a second of switch prefill saved
+(κ of `ControlPlane.plan_shadows`, which decides where and whether each shadow goes).
 `shadow.priority` is the lowest class the servers know: vLLM runs lower integers first, the built-in
 server maps values >= its shadow threshold (default 1000) to shadow jobs.
 """
@@ -121,6 +123,7 @@ class ShadowConfig:
     priority: int = 1000
     targets: str = "all"
     min_switch_prob: float = 0.0
+    cost_ratio: float = 0.1
     poll_s: float = 0.05
     timeout_s: float = 120.0
 
@@ -132,6 +135,9 @@ class ShadowConfig:
             raise ValueError(f"shadow.min_switch_prob must be a number in [0, 1], got {p!r}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise TypeError(f"shadow.priority must be an int, got {self.priority!r}")
+        k = self.cost_ratio
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not k >= 0 or k == float("inf"):
+            raise ValueError(f"shadow.cost_ratio must be a finite number >= 0, got {k!r}")
         for name in ("poll_s", "timeout_s"):
             if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
                 raise ValueError(f"shadow.{name} must be a number > 0, got {getattr(self, name)!r}")

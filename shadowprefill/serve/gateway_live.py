@@ -12,6 +12,11 @@
   time) and the fitted prefill model; reuse / reprefill are executable (reuse of a prefix a shadow of this
   manager put there is reported as `shadow`); transfer / map / edge prefill have no execution path
   between separate servers and are listed infeasible. A named model is kept; its instance is the core's.
+- Shadows: after a call completes, `plan_shadows` asks `ControlPlane.plan_shadows` where and whether
+  to warm each likely next model (the prior's switch probability, the history's tokens, what each
+  instance holds per its events or the guess, its fitted prefill time and waiting requests); the manager
+  dispatches exactly the chosen ones. Down, stale or queue-metric-less instances are rejected with that
+  reason.
 - Learning: predicted vs reported cached tokens per call; seconds to first token feed `FittedPrefillModel`.
 """
 from __future__ import annotations
@@ -27,12 +32,14 @@ import time
 from collections import Counter
 from dataclasses import asdict
 
-from shadowprefill.gateway.control_plane import Candidate, Constraints, ControlPlane, GatewayRequest
+from shadowprefill.gateway.control_plane import (Candidate, Constraints, ControlPlane, GatewayRequest,
+                                                 ShadowCandidate, ShadowChoice)
 from shadowprefill.gateway.engine_view import EngineView, registry_tenant
 from shadowprefill.gateway.kv_subscriber import KVEventSubscriber
 from shadowprefill.gateway.prefill_fit import FittedPrefillModel
 from shadowprefill.gateway.registry import CacheRegistry
 from shadowprefill.serve import prometheus as prom
+from shadowprefill.serve.sessions import comparable
 
 log = logging.getLogger(__name__)
 NO_PATH = {"transfer": "no KV transfer path between separate servers (analytic only, gateway.transfer)",
@@ -193,6 +200,65 @@ class LiveGateway:
         with self.lock:
             decision = self.plane.decide(req, cands, cons, infeasible=NO_PATH)
         return decision, by_site
+
+    async def history_tokens(self, model: str, body: dict, session_key) -> list[int] | None:
+        """Token ids of a shadow body's history for `model`: its own ids, else `/tokenize` with its fields."""
+        content = body.get("messages", body.get("prompt"))
+        if "messages" not in body:
+            return await self.tokens(model, "completion", content, (session_key, "shadow"))
+        key = ((session_key, "shadow"), model)
+        text = json.dumps(content, sort_keys=True)
+        hit = self._tok_cache.get(key)
+        if hit is not None and hit[0] == text:
+            return hit[1]
+        inst = next((i for i in self.instances[model] if i.alive), None)
+        if inst is None or self.client is None:
+            return None
+        req = {"model": inst.served_model_name, "messages": content,
+               **{k: body[k] for k in ("add_generation_prompt", "continue_final_message") if k in body}}
+        try:
+            r = await self.client.post(inst.url + "/tokenize", json=req, timeout=5.0)
+            ids = r.json().get("tokens") if r.status_code == 200 else None
+        except Exception:  # noqa: BLE001 - no tokenizer: the guess answers
+            ids = None
+        if not isinstance(ids, list):
+            return None
+        self._tok_cache[key] = (text, ids)
+        return ids
+
+    def unavailable(self, inst) -> str:
+        """Why `inst` cannot take a shadow now ('' when it can)."""
+        if not inst.alive:
+            return f"down: {inst.last_error}"
+        if self.source(inst) == "stale":
+            return "stale: its KV event stream went silent"
+        if inst.waiting != inst.waiting:
+            return "no queue metric (vllm:num_requests_waiting): a shadow would never be admitted"
+        return ""
+
+    async def plan_shadows(self, state, targets, body: dict, cost_ratio: float) -> list[ShadowChoice]:
+        """The control plane's shadow dispatch for a completed call of `state`: `targets` are (model,
+        switch probability) by the next-model prior, `body` the shadow request's body (the history)."""
+        cands = []
+        for model, p in targets:
+            ids = await self.history_tokens(model, body, state.key)
+            for inst in self.instances[model]:
+                events = self.source(inst) == "events" and ids is not None
+                if ids is not None:
+                    history = ids
+                else:
+                    seq, per = comparable(body)
+                    history = int(len(seq) / per)
+                cands.append(ShadowCandidate(
+                    model, inst.url, float(p), history,
+                    block_size=(inst.view.block_size or 1) if events else 1,
+                    waiting=0.0 if inst.waiting != inst.waiting else float(inst.waiting),
+                    cached_tokens=None if events else int(inst.guess_cached(body, state)),
+                    unavailable=self.unavailable(inst)))
+        if not cands:
+            return []
+        with self.lock:
+            return self.plane.plan_shadows(registry_tenant(state.tenant), cands, cost_ratio)
 
     def record(self, rec: dict) -> None:
         self.decisions.append(rec)

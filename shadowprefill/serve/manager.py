@@ -8,9 +8,10 @@ by lowest estimated prefill completion, the next-model prior, shadow targets); w
 section the live gateway (`serve.gateway_live`) feeds placement from the servers' own KV-cache events and
 decides `"model": "auto"` calls. For each call of a session it routes (per-step router), lets the core
 place it, forwards the request and streams the answer back unchanged. After the call completes the core
-hands the call's prompt + response to the session's sticky instance of every other model (or the top-1 /
-the gated ones by next-model prior) as lowest-priority shadow work with `max_tokens: 1`
-(`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache. A session that
+offers the call's prompt + response to the other models (all, or the top-1 / the gated ones by next-model
+prior); the control plane (`ControlPlane.plan_shadows` via the gateway) decides which instance of each
+gets it, if any, by expected benefit, and exactly those get it as lowest-priority shadow work with
+`max_tokens: 1` (`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache. A session that
 has been idle for `session_idle_s` ends: the prior learns its route and its state is freed.
 
 Failure handling: connection failures before the first byte of an answer mark the instance down and fall
@@ -216,7 +217,7 @@ class Manager:
             state.calls_in_flight += 1
             state.last_active = arrival
         answer = _Answer()
-        status, error, out, history, ticket, rec = 200, None, None, None, None, None
+        status, error, out, history, ticket, rec, plan = 200, None, None, None, None, None, None
         try:
             try:
                 ticket = self.core.submit_call(session_id, None, model, placed_prompt, tenant=tenant,
@@ -262,16 +263,43 @@ class Manager:
             if state is not None and status == 200 and error is None:
                 response = answer.ids if _is_token_ids(prompt) else "".join(answer.text)
                 history = self._completed(state, ticket, kind, path, prompt, response)
+                if history is not None and ticket.deferred:
+                    try:
+                        plan = await self.gateway.plan_shadows(state, ticket.deferred, history[1],
+                                                               self.config.shadow.cost_ratio)
+                    except Exception:  # noqa: BLE001 - a planning failure: the core's shadow homes, as before
+                        log.exception("shadow planning failed; the core's shadow homes")
         finally:                        # also when the client went away: the session may expire, the core forgets
             if state is not None:
                 state.calls_in_flight -= 1
                 state.last_active = time.monotonic()
             if ticket is not None:
-                self.core.finish_call(ticket, history)
-                if rec is not None and history is not None and state is not None:   # the shadows this call warms
-                    rec["shadows"] = [{"model": t, "instance": state.sticky[t].url}
-                                      for t, _ in ticket.deferred if state.sticky.get(t) is not None]
+                self.core.finish_call(ticket, history if plan is None else None)
+                if plan is not None:
+                    self._dispatch_shadows(state, plan, history, rec, out)
         return out
+
+    def _dispatch_shadows(self, state: SessionState, plan: list, history, rec: dict | None, out) -> None:
+        """Carry out the control plane's shadow decision: exactly the chosen (model, instance) get the
+        history; a rejected instance's pending shadow of the session is dropped (its content is moot)."""
+        by_url = {i.url: i for i in self.all_instances()}
+        for v in plan:
+            inst = by_url[v.site]
+            if v.chosen:
+                inst.upsert_shadow(state, history, v.switch_prob)
+                state.shadow_on.add(inst)
+                self.core.shadow_jobs_created += 1
+            elif inst.dispatcher is not None and inst.dispatcher.pending.pop(state.key, None) is not None:
+                inst.stats["shadow_dropped_by_plane"] += 1
+        if rec is None:
+            return
+        rec["shadows"] = [{"model": v.model_id, "instance": v.site, "benefit_s": round(v.benefit_s, 6),
+                           "cached_tokens": v.cached_tokens, "warm_tokens": v.warm_tokens} for v in plan if v.chosen]
+        rec["shadows_rejected"] = [{"model": v.model_id, "instance": v.site, "reason": v.reason}
+                                   for v in plan if not v.chosen]
+        if isinstance(out, web.Response) and "X-Gateway-Decision" in out.headers:   # not sent yet (no stream)
+            out.headers["X-Gateway-Decision"] += "; shadows=" + (
+                ",".join(f"{s['model']}@{s['instance']}" for s in rec["shadows"]) or "none")
 
     async def _route(self, request: web.Request, body: dict, kind: str, prompt, state, tenant: str):
         """(model, prompt to place, gateway decision or None, auto?) of a call, or an error response.

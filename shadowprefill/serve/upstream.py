@@ -1,7 +1,7 @@
 """HTTP backend of the orchestration core: one OpenAI-compatible upstream server as an `InstanceHandle`.
 
-The core (`cluster.manager.ClusterManager`) places calls and picks shadow targets; an `HttpInstance`
-carries them out over HTTP (paper appendix D.1, no engine changes):
+The core (`cluster.manager.ClusterManager`) places calls; the control plane decides the shadows
+(`ControlPlane.plan_shadows`, through the manager); an `HttpInstance` carries them out over HTTP (paper appendix D.1, no engine changes):
 
 - `submit_call` builds the upstream request of a routed call (the front door sends it and streams the
   answer through);
@@ -46,7 +46,7 @@ class HttpInstance:
         self.dead_retry_s = 5.0
         self.stats = {"shadow_submitted": 0, "shadow_completed": 0, "shadow_failed": 0, "shadow_superseded": 0,
                       "shadow_dropped_by_routed": 0, "shadow_deferred_busy": 0, "shadow_held_no_queue_metric": 0,
-                      "shadow_skipped_held": 0}
+                      "shadow_dropped_by_plane": 0}
         self.queue_metric: bool | None = None      # whether /metrics exports vllm:num_requests_waiting
         self.client = None
         self.dispatcher: ShadowDispatcher | None = None
@@ -132,16 +132,8 @@ class HttpInstance:
     def upsert_shadow(self, session, history, switch_prob: float) -> None:
         """`history`: (path, body without `model`) of the request that makes this server hold the
         session's next-turn prefix; sent with `max_tokens: 1` at the lowest priority class, when admitted.
-        Skipped when the server's own KV events say it already holds every whole page of it."""
+        Whether and where is the control plane's decision (`ControlPlane.plan_shadows`), made before."""
         path, body = history
-        ids = body.get("prompt")
-        if (self.view is not None and not self.view.stale() and isinstance(ids, list) and ids
-                and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
-            bs = self.view.block_size or 1
-            if self.view.cached_tokens(session.tenant, ids) >= len(ids) // bs * bs:   # its events say: held
-                self.stats["shadow_skipped_held"] += 1
-                self.dispatcher.pending.pop(session.key, None)   # an older pending one is moot too
-                return
         self.dispatcher.submit(ShadowTask(session.key, path, {**body, "model": self.served_model_name},
                                           time.monotonic()))
 

@@ -188,39 +188,6 @@ def test_dead_upstream_drops_its_entries(fleet):
     assert not mgr.gateway.entries_at(inst.url)
 
 
-def test_shadow_skipped_when_the_engine_already_holds_it():
-    import threading
-
-    from shadowprefill.cluster.session import SessionState
-    from shadowprefill.gateway.engine_view import EngineView
-    from shadowprefill.gateway.kv_events import BlockStored, EventBatch
-    from shadowprefill.gateway.registry import CacheRegistry
-    from shadowprefill.serve.upstream import HttpInstance
-
-    class Dispatcher:
-        def __init__(self):
-            self.pending, self.sent = {}, []
-
-        def submit(self, task):
-            self.sent.append(task)
-
-    rng = random.Random(9)
-    inst = HttpInstance("small", "http://x", "tiny")
-    inst.dispatcher = Dispatcher()
-    inst.view = EngineView(CacheRegistry(), threading.RLock(), "http://x", "small")
-    held = ids(rng, 4 * BS)
-    salted = BlockStored(tuple(range(4)), None, tuple(held), BS, (("t",), None, None, None))
-    inst.view.apply(0, EventBatch(0.0, (salted,)))
-    session = SessionState("s", "t")
-    inst.upsert_shadow(session, ("/v1/completions", {"prompt": held + [7, 8]}), 1.0)    # whole pages held
-    assert inst.stats["shadow_skipped_held"] == 1 and not inst.dispatcher.sent
-    inst.upsert_shadow(session, ("/v1/completions", {"prompt": held + ids(rng, BS)}), 1.0)   # one page more
-    assert len(inst.dispatcher.sent) == 1
-    other = SessionState("s", "u")                                  # another tenant holds nothing here
-    inst.upsert_shadow(other, ("/v1/completions", {"prompt": held}), 1.0)
-    assert len(inst.dispatcher.sent) == 2
-
-
 def test_missing_queue_metric_holds_shadows():
     """A server without vllm:num_requests_waiting (e.g. another engine) is never read as idle."""
     import asyncio
@@ -294,22 +261,55 @@ def test_serve_engine_kv_events_config_errors(capsys, text, needle):
     assert rc == 2 and len(err) == 1 and needle in err[0], err
 
 
-def test_decision_lists_the_shadows_a_call_warms(tmp_path):
-    """With shadows on, a call's decision record names the other model's instance its history warms."""
+def test_dispatched_shadows_are_the_planes_decision():
+    """Two `large` instances publishing KV events: the plane picks one per call (the other rejected with
+    a reason), exactly the chosen ones are dispatched, the chosen one then holds the history per its own
+    events, and a history it already holds is not shadowed again."""
+    eps = [(f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}") for _ in range(2)]
     small = AppThread(make_engine_server("tiny", model_name="tiny").app).start()
-    large = AppThread(make_engine_server("tiny_large", model_name="tiny_large").app).start()
-    config = ManagerConfig.from_dict({"models": {"small": [{"url": small.url, "served_model_name": "tiny"}],
-                                                 "large": [{"url": large.url, "served_model_name": "tiny_large"}]},
-                                      "shadow": {"poll_s": 0.02}})
+    larges = [AppThread(make_engine_server("tiny_large", model_name="tiny_large", kv_events={
+        "endpoint": ep, "replay_endpoint": rep, "topic": "kv"}).app).start() for ep, rep in eps]
+    config = ManagerConfig.from_dict({
+        "models": {"small": [{"url": small.url, "served_model_name": "tiny"}],
+                   "large": [{"url": lg.url, "served_model_name": "tiny_large",
+                              "kv_events": {"endpoint": ep, "replay_endpoint": rep, "topic": "kv"}}
+                             for lg, (ep, rep) in zip(larges, eps)]},
+        "shadow": {"poll_s": 0.02}})
     mgr = AppThread(lambda: make_manager_app(config)).start()
+    manager = mgr.app[MANAGER_KEY]
+    rng = random.Random(3)
     try:
         with httpx.Client(base_url=mgr.url, timeout=120) as client:
-            _, dec = call(client, "small", ids(random.Random(3), 64), "sh")
-            assert dec["source"] == "guess"
-            rec = client.get("/manager/decisions").json()[-1]
-            assert rec["shadows"] == [{"model": "large", "instance": large.url}]
-            assert client.post("/manager/wait-shadows?timeout=60").json()["idle"]
+            time.sleep(0.3)
+            prompt = ids(rng, 70)
+            recs = []
+            for turn in range(3):
+                body, dec = call(client, "small", prompt, "sh", return_token_ids=True)
+                rec = client.get("/manager/decisions").json()[-1]
+                recs.append(rec)
+                assert client.post("/manager/wait-shadows?timeout=60").json()["idle"]
+                chosen = [s["instance"] for s in rec["shadows"]]
+                assert dec["shadows"] == (",".join(f"large@{u}" for u in chosen) or "none")
+                assert sorted(chosen + [r["instance"] for r in rec["shadows_rejected"]]) == sorted(
+                    lg.url for lg in larges)                 # every large instance judged, once
+                assert all(r["reason"] for r in rec["shadows_rejected"])
+                for u in chosen:                             # the chosen one holds the history per its events
+                    inst = next(i for i in manager.instances["large"] if i.url == u)
+                    history = prompt + body["choices"][0]["token_ids"]
+                    w = len(history) // BS * BS
+                    assert wait_for(lambda: inst.view.cached_tokens("", history) >= w, 5.0)
+                if turn == 0:
+                    prompt = prompt + body["choices"][0]["token_ids"] + ids(rng, 40)
+            assert len(recs[0]["shadows"]) == 1 and recs[0]["shadows_rejected"][0]["reason"].endswith(
+                "has the larger benefit")
+            assert recs[1]["shadows"][0]["instance"] == recs[0]["shadows"][0]["instance"]   # it holds the start
+            assert recs[2]["shadows"] == []                  # the same history again: held there
+            assert any(r["reason"].startswith("held:") for r in recs[2]["shadows_rejected"])
+            for inst in manager.instances["large"]:          # dispatched == decided, per instance
+                decided = sum(s["instance"] == inst.url for r in recs for s in r["shadows"])
+                assert inst.stats["shadow_submitted"] == inst.stats["shadow_completed"] == decided
     finally:
         mgr.stop()
-        large.stop()
+        for lg in larges:
+            lg.stop()
         small.stop()

@@ -193,6 +193,35 @@ def test_replay_predicts_cached_tokens(gw):
     assert ok >= 0.95 * total
 
 
+def test_shadow_the_plane_chose_is_what_vllm_holds(gw):
+    """With shadows on, a `large` call's history goes where the control plane decided (one `small` instance,
+    the other rejected with a reason), and that server's own KV events then show the history's blocks."""
+    mgr, clients, peers = gw
+    mgr.core.shadows = True                                      # this test only: the fixture's manager
+    try:
+        rng = random.Random(6)
+        before = {i.url: i.stats["shadow_submitted"] for i in mgr.instances["small"]}
+        prompt = ids(rng, 600)
+        body, dec, _ = call(clients["a"], "large", prompt, "sh1")
+        rec = clients["a"].get("/manager/decisions").json()[-1]
+        assert clients["a"].post("/manager/wait-shadows?timeout=120").json()["idle"]
+    finally:
+        mgr.core.shadows = False
+    history = prompt + body["choices"][0]["token_ids"]
+    chosen = [s["instance"] for s in rec["shadows"]]
+    rejected = {r["instance"]: r["reason"] for r in rec["shadows_rejected"]}
+    REPORT["plane_shadow"] = {"chosen": rec["shadows"], "rejected": rec["shadows_rejected"]}
+    assert len(chosen) == 1 and dec["shadows"] == f"small@{chosen[0]}"
+    assert set(chosen) | set(rejected) == {i.url for i in mgr.instances["small"]} and all(rejected.values())
+    target = inst(mgr, chosen[0])
+    w = len(history) // 32 * 32
+    assert wait_for(lambda: target.view.cached_tokens("tenant-a", history) >= w, 2.0)   # vLLM's own events
+    for i in mgr.instances["small"]:                             # dispatched == decided
+        assert i.stats["shadow_submitted"] - before[i.url] == (i.url in chosen)
+        if i.url not in chosen:
+            assert i.view.cached_tokens("tenant-a", history) == 0
+
+
 def test_reset_and_killed_server(gw):
     mgr, clients, peers = gw
     a = inst(mgr, peers["servers"]["a"]["url"])
