@@ -16,6 +16,9 @@ with L̃, C̃ = L, C divided by their largest value among the enumerated options
 * ``edge_prefill`` prefill on an edge site that hosts the model, ship the KV to the target (§III-C)
 * ``reprefill``    full target-side prefill
 
+After a call completes, :meth:`ControlPlane.plan_shadows` decides the shadow dispatch (where and
+whether to warm the likely next models with the call's history; `gateway.shadow_plan`).
+
 Cost is the token bill in units of c_miss: cached tokens at η·c_miss, prefilled tokens at c_miss; edge
 prefill is billed at the edge site's prefill price instead, plus harvested compute and link egress at
 their prices. Latencies come from a :class:`CostEstimator`:
@@ -24,11 +27,12 @@ the simulator's latency model when one is given, the Table III analytic model ot
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol, Sequence, runtime_checkable
 
 from .analytic import DEFAULT_PARAMS, AnalyticParams
 from .registry import CacheLayout, CacheRegistry, PrefixHit
+from .shadow_plan import ShadowCandidate, ShadowChoice, plan_shadows  # noqa: F401  (public here)
 from .sites import Site, Topology
 from .transfer import CODECS, codec_quality_loss
 
@@ -99,6 +103,12 @@ class GatewayRequest:
     tokens: Sequence[int]
     lead_time_s: float = 0.0  # time before this call's prefill must start (shadow work can warm meanwhile)
     now: float | None = None
+    output_tokens: int = 0  # expected completion tokens (billed at each candidate's output_price)
+    tokens_by_model: dict | None = None  # model -> its own token ids of the prompt (tokenizers differ)
+
+    def tokens_for(self, model_id: str) -> Sequence[int]:
+        """The prompt as `model_id` tokenizes it (``tokens`` unless ``tokens_by_model`` names the model)."""
+        return (self.tokens_by_model or {}).get(model_id, self.tokens)
 
     def __post_init__(self):
         if not isinstance(self.tenant, str) or not self.tenant:
@@ -123,6 +133,7 @@ class Candidate:
     harvest_tokens_per_s: float = 0.0  # shadow tokens/s the engine's harvested capacity sustains
     harvest_price_per_token: float = 0.0  # price of harvested compute (idle capacity: 0)
     layout: CacheLayout | None = None  # page layout of this model, for wire bytes
+    output_price: float = 0.0  # per completion token, in the same unit as input_price
 
     def __post_init__(self):
         for f in ("model_id", "site"):
@@ -213,7 +224,13 @@ class ControlPlane:
         return 0.0 if link is None else nbytes * link.price_per_byte
 
     def _prefill_s(self, c: Candidate, site: str, n: int, m: int) -> float:
-        return self.estimator.prefill_time_s(c.model_id, n, m) / self._site(site).compute_scale
+        return self._prefill_at(c.model_id, site, n, m)
+
+    def _prefill_at(self, model: str, site: str, n: int, m: int) -> float:
+        at_site = getattr(self.estimator, "prefill_time_at", None)  # optional: a per-site (fitted) model
+        if at_site is not None:
+            return at_site(site, model, n, m)
+        return self.estimator.prefill_time_s(model, n, m) / self._site(site).compute_scale
 
     def _bytes_per_token(self, c: Candidate, compression: str | None) -> float:
         if c.layout is not None:
@@ -236,10 +253,11 @@ class ControlPlane:
 
     # ---- enumeration ------------------------------------------------------------------------------
     def _options(self, req: GatewayRequest, c: Candidate, all_cands: Sequence[Candidate]) -> list[Option]:
-        n, base = len(req.tokens), self.overhead_s + c.queue_s
+        tokens = req.tokens_for(c.model_id)
+        n, base = len(tokens), self.overhead_s + c.queue_s
         opts = [Option(c.model_id, c.site, "reprefill", None, None, 0,
                        base + self._prefill_s(c, c.site, n, 0), self._bill(c, n, 0), c.quality)]
-        hits = [] if self.registry is None else self.registry.hits(req.tenant, c.model_id, req.tokens, req.now)
+        hits = [] if self.registry is None else self.registry.hits(req.tenant, c.model_id, tokens, req.now)
         local = [h for h in hits if h.entry.location.site == c.site]
         if local:  # reuse: longest prefix at the target site, fastest tier among equals
             h = min(local, key=lambda h: (-h.matched_tokens, self._tier_read_s(h, 1.0)))
@@ -275,7 +293,7 @@ class ControlPlane:
                                c.quality))
         for mapper in self.mappers.for_target(c.model_id):  # map: another model's cache through f_{i→j}
             src_hits = [] if self.registry is None else \
-                self.registry.hits(req.tenant, mapper.source_model, req.tokens, req.now)
+                self.registry.hits(req.tenant, mapper.source_model, req.tokens_for(mapper.source_model), req.now)
             if not src_hits:
                 continue
             h = max(src_hits, key=lambda h: (h.matched_tokens, h.entry.location.site == c.site))
@@ -300,8 +318,14 @@ class ControlPlane:
         return opts
 
     def decide(self, request: GatewayRequest, candidates: Sequence[Candidate],
-               constraints: Constraints | None = None) -> Decision:
-        """Pick (model, site, action); returns every option with its estimates and why it was (not) taken."""
+               constraints: Constraints | None = None,
+               infeasible: dict[str, str] | None = None) -> Decision:
+        """Pick (model, site, action); returns every option with its estimates and why it was (not) taken.
+
+        ``infeasible``: actions with no execution path here, each with its reason: their options are judged
+        infeasible, and each is listed once even where it was not enumerated, so a decision shows what was
+        not possible and why.
+        """
         if not isinstance(request, GatewayRequest):
             raise TypeError(f"request must be GatewayRequest, got {type(request).__name__}")
         cands = list(candidates)
@@ -309,6 +333,9 @@ class ControlPlane:
             raise ValueError("candidates must be a non-empty sequence of Candidate")
         cons = constraints if constraints is not None else Constraints()
         opts = [o for c in cands for o in self._options(request, c, cands)]
+        if request.output_tokens:
+            price = {(c.model_id, c.site): c.output_price for c in cands}
+            opts = [replace(o, cost=o.cost + price[(o.model_id, o.site)] * request.output_tokens) for o in opts]
         finite = [o for o in opts if math.isfinite(o.latency_s)]
         l_ref = max((o.latency_s for o in finite), default=1.0) or 1.0
         c_ref = max((o.cost for o in finite), default=1.0) or 1.0
@@ -321,10 +348,16 @@ class ControlPlane:
                 why.append(f"L={o.latency_s:.4g}s > L̄={cons.max_latency_s:.4g}s")
             if o.quality < cons.min_quality:
                 why.append(f"Q={o.quality:.4g} < Q̄={cons.min_quality:.4g}")
+            if infeasible and o.action in infeasible:
+                why.append(infeasible[o.action])
             score = cons.lambda_latency * o.latency_s / l_ref + cons.lambda_cost * o.cost / c_ref \
                 if math.isfinite(o.latency_s) else math.inf
             judged.append(Option(**{**asdict(o), "feasible": not why, "reason": "; ".join(why),
                                     "score": score}))
+        if infeasible:
+            listed = {o.action for o in judged}
+            judged += [Option("*", "*", a, None, None, 0, math.inf, math.inf, -math.inf, False, why)
+                       for a, why in infeasible.items() if a not in listed]
         feasible = [o for o in judged if o.feasible]
         chosen = min(feasible, key=lambda o: (o.score, o.latency_s, ACTIONS.index(o.action)), default=None)
         return Decision(chosen, judged)
@@ -335,3 +368,7 @@ class ControlPlane:
         if o is not None and o.entry_id is not None and self.registry is not None:
             if self.registry.get(o.entry_id) is not None:
                 self.registry.touch(o.entry_id, request.now, site=o.site)
+
+    def plan_shadows(self, tenant: str, candidates, cost_ratio: float = 0.1, now: float | None = None):
+        """Where and whether to shadow a session's history (`gateway.shadow_plan.plan_shadows`)."""
+        return plan_shadows(self, tenant, candidates, cost_ratio, now)

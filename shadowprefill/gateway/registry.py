@@ -118,6 +118,7 @@ class CacheRegistry:
         self._used: dict[str, float] = {}  # site -> bytes
         self._access: dict[int, dict[str, tuple[float, float]]] = {}  # entry -> site -> (count, t)
         self._ids = itertools.count(1)
+        self._block_sizes: dict[int, int] = {}  # page size -> entries using it (lookups hash once per size)
 
     # ---- models and tenants -----------------------------------------------------------------------
     def model_version(self, model_id: str) -> str | None:
@@ -187,6 +188,7 @@ class CacheRegistry:
         entry = CacheEntry(next(self._ids), tenant, model_id, current, chain, layout, location, now, now,
                            provenance, size)
         self._entries[entry.entry_id] = entry
+        self._count_bs(entry, 1)
         for h in chain:
             self._index.setdefault(h, set()).add(entry.entry_id)
         self._used[location.site] = self._used.get(location.site, 0.0) + size
@@ -197,6 +199,7 @@ class CacheRegistry:
         entry = self._entries.pop(entry_id, None)
         if entry is None:
             return None
+        self._count_bs(entry, -1)
         for h in entry.block_hashes:
             ids = self._index.get(h)
             if ids is not None:
@@ -213,12 +216,20 @@ class CacheRegistry:
         dead = [e.entry_id for e in self._entries.values() if self._expired(e, now)]
         return [self.remove(eid) for eid in dead]
 
+    def _count_bs(self, entry: CacheEntry, delta: int) -> None:
+        bs = entry.layout.block_size
+        self._block_sizes[bs] = self._block_sizes.get(bs, 0) + delta
+        if self._block_sizes[bs] <= 0:
+            del self._block_sizes[bs]
+
     def _expired(self, entry: CacheEntry, now: float) -> bool:
         return now - entry.last_used_at > self.ttl_s
 
     def _make_room(self, site: str, size: float, now: float) -> None:
         """Drop the site's expired entries, then its least recently used ones, until ``size`` more fits."""
         cap = self.capacity_bytes.get(site, math.inf)
+        if math.isinf(cap) and math.isinf(self.ttl_s):
+            return  # nothing can expire and everything fits
         for e in [e for e in self._entries.values() if e.location.site == site and self._expired(e, now)]:
             self.remove(e.entry_id)
         lru = sorted((e for e in self._entries.values() if e.location.site == site),
@@ -238,10 +249,9 @@ class CacheRegistry:
         if version is None or tenant in self._revoked:
             return []
         ns = _namespace(tenant, model_id, version)
-        block_sizes = {e.layout.block_size for e in self._entries.values()
-                       if e.tenant == tenant and e.model_id == model_id}
+        block_sizes = self._block_sizes  # usually one or two sizes; a size nobody of this tenant uses misses
         matched: dict[int, int] = {}
-        for bs in sorted(block_sizes):
+        for bs in sorted(list(block_sizes)):
             for i, h in enumerate(page_hashes(tokens, bs, ns)):
                 ids = self._index.get(h)
                 if not ids:
@@ -292,6 +302,34 @@ class CacheRegistry:
         self._entries[entry_id] = e
         return e
 
+    def at_site(self, chain_hash: int, site: str) -> list[CacheEntry]:
+        """The entries at ``site`` whose span contains the registry page hash ``chain_hash``."""
+        return [self._entries[i] for i in self._index.get(chain_hash, ()) if self._entries[i].location.site == site]
+
+    def truncate(self, entry_id: int, num_blocks: int) -> CacheEntry | None:
+        """Keep only the first ``num_blocks`` pages of an entry (an engine evicted the rest); 0 removes it."""
+        entry = self._entries.get(entry_id)
+        if entry is None or num_blocks >= len(entry.block_hashes):
+            return entry
+        self.remove(entry_id)
+        if num_blocks <= 0:
+            return None
+        size = entry.size_bytes * num_blocks / len(entry.block_hashes)
+        short = replace(entry, block_hashes=entry.block_hashes[:num_blocks], size_bytes=size)
+        self._entries[entry_id] = short
+        self._count_bs(short, 1)
+        for h in short.block_hashes:
+            self._index.setdefault(h, set()).add(entry_id)
+        self._used[entry.location.site] = self._used.get(entry.location.site, 0.0) + size
+        return short
+
+    def drop_site(self, site: str) -> int:
+        """Delete every entry at ``site`` (its engine cleared its cache or died). Returns count."""
+        ids = [e.entry_id for e in self._entries.values() if e.location.site == site]
+        for eid in ids:
+            self.remove(eid)
+        return len(ids)
+
     # ---- inspection -------------------------------------------------------------------------------
     def get(self, entry_id: int) -> CacheEntry | None:
         return self._entries.get(entry_id)
@@ -336,6 +374,7 @@ class CacheRegistry:
         entry = replace(src, entry_id=next(self._ids), location=location, created_at=now, last_used_at=now,
                         provenance=provenance)
         self._entries[entry.entry_id] = entry
+        self._count_bs(entry, 1)
         for h in entry.block_hashes:
             self._index.setdefault(h, set()).add(entry.entry_id)
         self._used[location.site] = self._used.get(location.site, 0.0) + entry.size_bytes

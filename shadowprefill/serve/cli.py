@@ -56,12 +56,15 @@ def _serve_engine(args) -> int:
     from shadowprefill.serve.app_runner import serve_forever
     from shadowprefill.serve.engine_server import make_engine_server
 
+    from shadowprefill.serve.kv_publisher import parse_events_config
+
     with user_input():
         check_bind(args.host, args.port)
+        events = None if args.kv_events_config is None else parse_events_config(args.kv_events_config)
         server = make_engine_server(args.model, num_blocks=args.num_blocks, block_size=args.block_size,
                                     shadow_mode=args.shadow_mode, n_min=args.n_min, seed=args.seed,
                                     shadow_priority=args.shadow_priority, shadow_class=args.shadow_class,
-                                    model_name=args.served_model_name)
+                                    model_name=args.served_model_name, kv_events=events)
     serve_forever(server.app, args.host, args.port)
     return 0
 
@@ -80,8 +83,40 @@ def _serve_manager(args) -> int:
         if isinstance(port_, bool) or not isinstance(port_, int) or not 0 <= port_ <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port_!r}")
     check_bind(host, port_)
+    print(startup_report(config, host, port_), flush=True)
     serve_forever(lambda: make_manager_app(config), host, port_)
     return 0
+
+
+def startup_report(config, host: str, port_: int, timeout: float = 2.0) -> str:
+    """What `serve-manager` prints before it serves: the config it read, each model's instances and what
+    was checked about each (reachable, queue metric for shadow admission, /tokenize, KV events)."""
+    import httpx
+
+    from shadowprefill.serve import prometheus as prom
+    lines = [f"serve-manager on http://{host}:{port_}: config checked; models {sorted(config.models)}; "
+             f"router {config.router.get('type')}; shadows {'on' if config.shadow.enabled else 'off'} "
+             f"(targets {config.shadow.targets}); tenants {len(set(config.api_keys.values())) or 1}; "
+             f"tenant cache_salt {'on' if config.tenant_cache_salt else 'off'}; "
+             f"gateway {'on: model auto over ' + str(sorted(config.gateway.models)) if config.gateway else 'off'}"]
+    for model, eps in config.models.items():
+        for ep in eps:
+            notes = []
+            try:
+                ok = httpx.get(ep.url + "/health", timeout=timeout).status_code == 200
+                notes.append("reachable" if ok else "health check failed")
+                parsed = prom.parse_metrics(httpx.get(ep.url + "/metrics", timeout=timeout).text)
+                notes.append("queue metric ok" if prom.WAITING in parsed else
+                             f"no {prom.WAITING}: shadows to it are held")
+                r = httpx.post(ep.url + "/tokenize", json={"model": ep.served_model_name, "prompt": "a"},
+                               timeout=timeout)
+                notes.append("/tokenize ok" if r.status_code == 200 else "no /tokenize: token ids from requests only")
+            except httpx.HTTPError as exc:
+                notes.append(f"unreachable now ({type(exc).__name__}); calls fall back to other instances")
+            notes.append(f"KV events on {ep.kv_events.endpoint}" if ep.kv_events else
+                         "no KV events: cache state guessed from what was sent")
+            lines.append(f"  {model}: {ep.url} (served as {ep.served_model_name!r}): " + "; ".join(notes))
+    return "\n".join(lines)
 
 
 def _replay(args) -> int:
@@ -138,6 +173,8 @@ def register(subparsers) -> None:
                    help="requests with priority >= this are shadow work")
     p.add_argument("--shadow-class", default="engine", choices=["engine", "normal"],
                    help="engine: shadow requests become engine shadow jobs; normal: normal-priority requests")
+    p.add_argument("--kv-events-config", default=None,
+                   help="publish KV-cache events as vLLM does: JSON like vLLM's --kv-events-config")
     p.set_defaults(func=_serve_engine)
 
     p = subparsers.add_parser("serve-manager", help="run the shadow manager's OpenAI-compatible front door")

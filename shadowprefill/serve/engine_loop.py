@@ -7,7 +7,9 @@ driver the simulator and the engine demo use). HTTP handlers (on the server's ev
 submission (`add_shadow`) resolves once this engine has nothing left to run for it: the job's whole pages
 are cached, what is left is below the smallest chunk `n_min`, the job was dropped (a routed call of the
 session arrived here), or `shadow_wait_s` passed. After each turn of the loop the thread refreshes
-`snapshot`, the numbers `/metrics` exports, so a metrics scrape never waits for the engine.
+`snapshot`, the numbers `/metrics` exports, so a metrics scrape never waits for the engine. With a
+`publisher` (`serve.kv_publisher`) the thread also announces what the KV cache holds as vLLM-format KV
+events: a finished request's or settled shadow's pages, and evictions.
 """
 from __future__ import annotations
 
@@ -16,13 +18,15 @@ import time
 
 from shadowprefill.cluster.driver import EngineDriver
 from shadowprefill.engine import LLMEngine
+from shadowprefill.serve.kv_publisher import CacheTracker
 
 
 class _Waiter:
-    __slots__ = ("loop", "future", "session_id", "deadline")
+    __slots__ = ("loop", "future", "session_id", "deadline", "prompt", "tenant")
 
-    def __init__(self, loop, future, session_id: str, deadline: float) -> None:
+    def __init__(self, loop, future, session_id: str, deadline: float, prompt=(), tenant: str = "") -> None:
         self.loop, self.future, self.session_id, self.deadline = loop, future, session_id, deadline
+        self.prompt, self.tenant = prompt, tenant
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value=None, error=None) -> None:
@@ -39,7 +43,8 @@ def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value=None
 class EngineLoop:
     """Owns `engine` and steps it on an `EngineDriver` thread (`start()` / `stop()`)."""
 
-    def __init__(self, engine: LLMEngine, shadow_wait_s: float = 60.0, idle_poll_s: float = 0.02) -> None:
+    def __init__(self, engine: LLMEngine, shadow_wait_s: float = 60.0, idle_poll_s: float = 0.02,
+                 publisher=None) -> None:
         if not isinstance(engine, LLMEngine):
             raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
         self.engine = engine
@@ -50,6 +55,8 @@ class EngineLoop:
         self._waiters: list[_Waiter] = []
         self.snapshot: dict = {}
         self._refresh_snapshot()
+        self.tracker = None if publisher is None else CacheTracker(engine, publisher)
+        self._prompts: dict[str, tuple[list[int], str]] = {}       # request id -> (prompt, tenant), for events
 
     @property
     def error(self) -> str | None:
@@ -71,6 +78,8 @@ class EngineLoop:
                 _resolve(loop, accepted, error=exc)
                 return
             self._streams[request_id] = (loop, outputs)
+            if self.tracker is not None:
+                self._prompts[request_id] = (list(prompt), tenant)
             _resolve(loop, accepted, True)
 
         self.driver.post(add)
@@ -91,7 +100,8 @@ class EngineLoop:
                 _resolve(loop, accepted, error=exc)
                 return
             _resolve(loop, accepted, cached)
-            self._waiters.append(_Waiter(loop, done, session_id, time.monotonic() + self.shadow_wait_s))
+            self._waiters.append(_Waiter(loop, done, session_id, time.monotonic() + self.shadow_wait_s,
+                                         list(prompt), tenant))
 
         self.driver.post(shadow)
         cached = await accepted
@@ -100,6 +110,7 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> None:
         def abort() -> None:
+            self._prompts.pop(request_id, None)
             if self._streams.pop(request_id, None) is not None:
                 try:
                     self.engine.abort_request(request_id)
@@ -118,6 +129,9 @@ class EngineLoop:
 
     def _deliver(self, outputs) -> None:
         for out in outputs:
+            if out.finished and self.tracker is not None and out.request_id in self._prompts:
+                prompt, tenant = self._prompts.pop(out.request_id)
+                self.tracker.settle(prompt + list(out.token_ids), tenant)
             entry = self._streams.get(out.request_id)
             if entry is None:
                 continue
@@ -128,6 +142,8 @@ class EngineLoop:
 
     def _after_turn(self) -> None:
         self._refresh_snapshot()
+        if self.tracker is not None:
+            self.tracker.check(time.monotonic())
         if not self._waiters:
             return
         engine, now = self.engine, time.monotonic()
@@ -135,6 +151,8 @@ class EngineLoop:
         keep = []
         for w in self._waiters:
             if engine.shadow_pending_tokens(w.session_id) < need or now >= w.deadline or w.future.done():
+                if self.tracker is not None:
+                    self.tracker.settle(w.prompt, w.tenant)
                 _resolve(w.loop, w.future, True)
             else:
                 keep.append(w)

@@ -15,7 +15,9 @@ request with `max_tokens` as given, i.e. what a vLLM server does with it.
 
 `usage.prompt_tokens_details.cached_tokens` is the engine's `num_cached_tokens` (prefix-cache hit at
 admission). `return_token_ids: true` adds `prompt_token_ids` and `token_ids` to each choice, as vLLM does.
-The tenant (`X-Tenant` header) scopes the prefix cache.
+The tenant (`X-Tenant` header) scopes the prefix cache. `kv_events` (`serve-engine --kv-events-config`, vLLM's
+JSON) publishes the KV cache's contents as vLLM-format KV events (`serve.kv_publisher`). Sampling is greedy:
+`serve.request_checks` rejects, with a 400 naming the field, every request field that would ask otherwise.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from shadowprefill.engine import EngineConfig, LLMEngine
 from shadowprefill.model import Llama, ModelConfig, load_checkpoint
 from shadowprefill.serve import prometheus as prom
 from shadowprefill.serve.engine_loop import EngineLoop
+from shadowprefill.serve.kv_publisher import KVEventsPublisher
+from shadowprefill.serve.request_checks import check_request
 from shadowprefill.serve.tokenizer import ByteTokenizer, render_chat
 
 DEFAULT_SHADOW_PRIORITY = 1000
@@ -67,7 +71,7 @@ class EngineServer:
     """HTTP front of one engine; `app()` builds the aiohttp application (the engine thread starts with it)."""
 
     def __init__(self, engine: LLMEngine, model_name: str, shadow_priority: int = DEFAULT_SHADOW_PRIORITY,
-                 shadow_class: str = "engine", shadow_wait_s: float = 60.0) -> None:
+                 shadow_class: str = "engine", shadow_wait_s: float = 60.0, kv_events: dict | None = None) -> None:
         if shadow_class not in ("engine", "normal"):
             raise ValueError(f"shadow_class must be 'engine' or 'normal', got {shadow_class!r}")
         self.engine = engine
@@ -75,7 +79,8 @@ class EngineServer:
         self.shadow_priority = int(shadow_priority)
         self.shadow_class = shadow_class if engine.config.shadow_mode != "none" else "normal"
         self.tokenizer = ByteTokenizer(engine.vocab_size or 512)
-        self.loop = EngineLoop(engine, shadow_wait_s=shadow_wait_s)
+        self.publisher = None if kv_events is None else KVEventsPublisher(**kv_events)
+        self.loop = EngineLoop(engine, shadow_wait_s=shadow_wait_s, publisher=self.publisher)
         self._ids = itertools.count()
 
     def app(self) -> web.Application:
@@ -90,6 +95,8 @@ class EngineServer:
             self.loop.start()
             yield
             self.loop.stop()
+            if self.publisher is not None:
+                self.publisher.close()
         app.cleanup_ctx.append(lifecycle)
         return app
 
@@ -170,6 +177,9 @@ class EngineServer:
         return body
 
     async def _generate(self, request: web.Request, body: dict, token_ids: list[int], chat: bool):
+        problem = check_request(body, greedy_only=True)
+        if problem is not None:
+            return _error(400, problem)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -272,6 +282,6 @@ class EngineServer:
 def make_engine_server(model: str = "tiny", **engine_kwargs) -> EngineServer:
     """An `EngineServer` over `build_engine(model, **engine_kwargs)`, named after the model."""
     server_kwargs = {k: engine_kwargs.pop(k) for k in ("shadow_priority", "shadow_class", "shadow_wait_s",
-                                                       "model_name") if k in engine_kwargs}
+                                                       "model_name", "kv_events") if k in engine_kwargs}
     name = server_kwargs.pop("model_name", None) or (model if model in TINY_MODELS else Path(model).name)
     return EngineServer(build_engine(model, **engine_kwargs), name, **server_kwargs)

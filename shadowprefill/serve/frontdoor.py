@@ -9,7 +9,12 @@
   never receive shadows built from another's prompts.
 - `GET /v1/models`, `GET /health`, and for operators `GET /manager/summary` (per-policy call metrics and
   per-instance shadow counters, restricted to the caller's tenant), `GET /manager/calls` (per-call
-  records, same restriction), `POST /manager/wait-shadows?timeout=S` (block until no shadow is pending).
+  records, same restriction), `POST /manager/wait-shadows?timeout=S` (block until no shadow is pending),
+  `GET /manager/decisions` (the gateway's per-call decision records, same restriction) and `GET /metrics`
+  (Prometheus: decisions by action, cached-token prediction error, registry entries, event lag, stale
+  instances; fleet-wide, so behind the API key like every path but `/health`).
+- `"model": "auto"` (with a config `gateway` section): the gateway decides model and instance per call;
+  `X-Gateway-Min-Quality` / `X-Gateway-Max-Latency-S` override the config's constraints for one call.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from aiohttp import web
 
 from shadowprefill.serve.config import ManagerConfig
 from shadowprefill.serve.manager import Manager, error_response
+from shadowprefill.serve.request_checks import check_request
 
 MANAGER_KEY = web.AppKey("manager", Manager)
 TENANT_KEY = web.RequestKey("tenant", str) if hasattr(web, "RequestKey") else "tenant"
@@ -59,6 +65,9 @@ def make_manager_app(config: ManagerConfig) -> web.Application:
             return error_response(400, "messages must be a list", "invalid_request_error")
         if kind == "completions" and "prompt" not in body:
             return error_response(400, "prompt is required", "invalid_request_error")
+        problem = check_request(body, greedy_only=False)
+        if problem is not None:
+            return error_response(400, problem, "invalid_request_error")
         session_id = request.headers.get("X-Session-Id") or body.get("user") or None
         if session_id is not None and not isinstance(session_id, str):
             return error_response(400, "user / X-Session-Id must be a string", "invalid_request_error")
@@ -85,6 +94,13 @@ def make_manager_app(config: ManagerConfig) -> web.Application:
         tenant = request[TENANT_KEY]
         return web.json_response([c.as_dict() for c in manager.calls if c.tenant == tenant])
 
+    async def decisions(request):
+        tenant = request[TENANT_KEY]
+        return web.json_response([d for d in manager.gateway.decisions if d["tenant"] == tenant])
+
+    async def metrics(request):
+        return web.Response(text=manager.gateway.metrics_text(), content_type="text/plain")
+
     async def wait_shadows(request):
         try:
             timeout = float(request.query.get("timeout", "30"))
@@ -101,6 +117,8 @@ def make_manager_app(config: ManagerConfig) -> web.Application:
     app.router.add_get("/manager/summary", summary)
     app.router.add_get("/manager/calls", calls)
     app.router.add_post("/manager/wait-shadows", wait_shadows)
+    app.router.add_get("/manager/decisions", decisions)
+    app.router.add_get("/metrics", metrics)
 
     async def lifecycle(_app):
         await manager.start()

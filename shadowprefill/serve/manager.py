@@ -1,14 +1,17 @@
 """The request-level shadow manager (paper §4 "vLLM prototype", appendix D.1): the HTTP front end of the
 orchestration core.
 
-The manager sits between agents and a fleet of OpenAI-compatible servers (vLLM, SGLang, or the built-in
-`engine_server`), several instances per model, each an `HttpInstance` of the orchestration core
-(`cluster.manager.ClusterManager`: sessions, sticky placement by lowest estimated prefill completion, the
-next-model prior, shadow targets). For each call of a session it routes (per-step router), lets the core
+The manager sits between agents and a fleet of OpenAI-compatible servers (vLLM or the built-in
+`engine_server`; a server without vLLM's queue metric gets no shadows), several instances per model, each
+an `HttpInstance` of the orchestration core (`cluster.manager.ClusterManager`: sessions, sticky placement
+by lowest estimated prefill completion, the next-model prior, shadow targets); with a `gateway` config
+section the live gateway (`serve.gateway_live`) feeds placement from the servers' own KV-cache events and
+decides `"model": "auto"` calls. For each call of a session it routes (per-step router), lets the core
 place it, forwards the request and streams the answer back unchanged. After the call completes the core
-hands the call's prompt + response to the session's sticky instance of every other model (or the top-1 /
-the gated ones by next-model prior) as lowest-priority shadow work with `max_tokens: 1`
-(`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache. A session that
+offers the call's prompt + response to the other models (all, or the top-1 / the gated ones by next-model
+prior); the control plane (`ControlPlane.plan_shadows` via the gateway) decides which instance of each
+gets it, if any, by expected benefit, and exactly those get it as lowest-priority shadow work with
+`max_tokens: 1` (`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache. A session that
 has been idle for `session_idle_s` ends: the prior learns its route and its state is freed.
 
 Failure handling: connection failures before the first byte of an answer mark the instance down and fall
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import httpx
@@ -35,12 +39,14 @@ from shadowprefill.cluster.manager import ClusterManager, NoLiveInstance
 from shadowprefill.cluster.prior import SwitchPredictor
 from shadowprefill.cluster.session import SessionState
 from shadowprefill.serve.config import ManagerConfig
+from shadowprefill.serve.gateway_live import GatewayPrompt, LiveGateway, option_dict
 from shadowprefill.serve.metrics import ServeCall, summarize_by_policy
 from shadowprefill.serve.sessions import LiveRouter, extends, shadow_body
 from shadowprefill.serve.shadow_dispatch import upstream_headers
 from shadowprefill.serve.upstream import HttpInstance
 
 _UPSTREAM_ERRORS = (httpx.TransportError, OSError)
+log = logging.getLogger(__name__)
 
 
 def error_response(status: int, message: str, kind: str) -> web.Response:
@@ -61,6 +67,7 @@ class _Answer:
         self.usage: dict | None = None
         self.first_token: float | None = None
         self.on_first = on_first
+        self.headers: dict[str, str] = {}                     # added to the client's response (decision)
 
     def read_choices(self, choices, chat: bool, streamed: bool) -> None:
         for ch in choices[:1]:                                 # n = 1: the first choice is the answer
@@ -98,6 +105,7 @@ class Manager:
         self.core = ClusterManager(self.instances, prior=self.prior, shadow_targets=config.shadow.targets,
                                    min_switch_prob=config.shadow.min_switch_prob, shadows=config.shadow.enabled)
         self.calls: list[ServeCall] = []
+        self.gateway = LiveGateway(config, self.instances)
         self.client: httpx.AsyncClient | None = None
         self._expiry: asyncio.Task | None = None
 
@@ -117,6 +125,7 @@ class Manager:
         self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=512))
         for inst in self.all_instances():
             inst.start(self.client, c.shadow.poll_s, c.shadow.timeout_s, c.dead_retry_s)
+        self.gateway.start(self.client)
         self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
 
     async def close(self) -> None:
@@ -129,6 +138,7 @@ class Manager:
         for inst in self.all_instances():
             if inst.dispatcher is not None:
                 await inst.dispatcher.stop()
+        await self.gateway.close()
         if self.client is not None:
             await self.client.aclose()
 
@@ -163,9 +173,11 @@ class Manager:
         for s in self.core.sessions.values():
             for inst in s.sticky.values():
                 sticky[id(inst)] = sticky.get(id(inst), 0) + 1
+        gw = self.gateway.status()
         return {"policies": summarize_by_policy(calls),
                 "instances": {i.url: {"model": i.model, "alive": i.alive, "sessions": sticky.get(id(i), 0),
-                                      "last_error": i.last_error, **i.stats}
+                                      "queue_metric": i.queue_metric,
+                                      "last_error": i.last_error, **gw[i.url], **i.stats}
                               for i in self.all_instances()}}
 
     # ------------------------------------------------------------------------------------ forward
@@ -178,10 +190,10 @@ class Manager:
         if not chat and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]
         state = self.core.session(session_id, tenant, shadow_enabled=shadow_enabled) if session_id else None
-        try:
-            model = self.router.route(state, body.get("model"))
-        except ValueError as exc:
-            return error_response(404, str(exc), "not_found_error")
+        routed = await self._route(request, body, kind, prompt, state, tenant)
+        if isinstance(routed, web.Response):
+            return routed
+        model, placed_prompt, decision, auto = routed
         stream = bool(body.get("stream"))
         opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
         client_usage = bool(opts.get("include_usage"))
@@ -191,6 +203,7 @@ class Manager:
             upstream["stream_options"] = {**opts, "include_usage": True}
         if strip_ids:
             upstream["return_token_ids"] = True
+        upstream["model"] = model
         if self.config.tenant_cache_salt and tenant:
             upstream["cache_salt"] = tenant
         headers = upstream_headers(state.key) if state else {"X-Tenant": tenant}
@@ -204,15 +217,16 @@ class Manager:
             state.calls_in_flight += 1
             state.last_active = arrival
         answer = _Answer()
-        status, error, out, history, ticket = 200, None, None, None, None
+        status, error, out, history, ticket, rec, plan = 200, None, None, None, None, None, None
         try:
             try:
-                ticket = self.core.submit_call(session_id, None, model, prompt, tenant=tenant,
+                ticket = self.core.submit_call(session_id, None, model, placed_prompt, tenant=tenant,
                                                payload=(path, upstream, headers))
             except NoLiveInstance:
                 pass
             placed = ticket is not None
             while placed:
+                rec = self._describe(ticket.instance, answer, tenant, session_id, placed_prompt, state, decision, auto)
                 status, error, out, retry = await self._send(request, ticket, answer, stream, chat, client_usage,
                                                              strip_ids)
                 if not retry:
@@ -234,16 +248,128 @@ class Manager:
                 arrival=arrival, first_token=answer.first_token, finish=finish,
                 prompt_tokens=usage.get("prompt_tokens"), cached_tokens=answer.cached_tokens,
                 output_tokens=usage.get("completion_tokens"), stream=stream, status=status, error=error))
+            if rec is not None:
+                gw = self.gateway
+                rec["call"] = len(self.calls) - 1
+                gw.record(rec)
+                if status == 200 and error is None:
+                    ttft = (answer.first_token - arrival) if answer.first_token is not None else \
+                        (finish - arrival if usage.get("completion_tokens") == 1 else None)
+                    try:
+                        gw.learn(rec, answer.cached_tokens, usage.get("prompt_tokens"), ttft, ticket.instance,
+                                 started=arrival)
+                    except Exception:  # noqa: BLE001 - learning never fails a call
+                        log.exception("gateway learning failed")
             if state is not None and status == 200 and error is None:
                 response = answer.ids if _is_token_ids(prompt) else "".join(answer.text)
                 history = self._completed(state, ticket, kind, path, prompt, response)
+                if history is not None and ticket.deferred:
+                    try:
+                        plan = await self.gateway.plan_shadows(state, ticket.deferred, history[1],
+                                                               self.config.shadow.cost_ratio)
+                    except Exception:  # noqa: BLE001 - a planning failure: the core's shadow homes, as before
+                        log.exception("shadow planning failed; the core's shadow homes")
         finally:                        # also when the client went away: the session may expire, the core forgets
             if state is not None:
                 state.calls_in_flight -= 1
                 state.last_active = time.monotonic()
             if ticket is not None:
-                self.core.finish_call(ticket, history)
+                self.core.finish_call(ticket, history if plan is None else None)
+                if plan is not None:
+                    self._dispatch_shadows(state, plan, history, rec, out)
         return out
+
+    def _dispatch_shadows(self, state: SessionState, plan: list, history, rec: dict | None, out) -> None:
+        """Carry out the control plane's shadow decision: exactly the chosen (model, instance) get the
+        history; a rejected instance's pending shadow of the session is dropped (its content is moot)."""
+        by_url = {i.url: i for i in self.all_instances()}
+        for v in plan:
+            inst = by_url[v.site]
+            if v.chosen:
+                inst.upsert_shadow(state, history, v.switch_prob)
+                state.shadow_on.add(inst)
+                self.core.shadow_jobs_created += 1
+            elif inst.dispatcher is not None and inst.dispatcher.pending.pop(state.key, None) is not None:
+                inst.stats["shadow_dropped_by_plane"] += 1
+        if rec is None:
+            return
+        rec["shadows"] = [{"model": v.model_id, "instance": v.site, "benefit_s": round(v.benefit_s, 6),
+                           "cached_tokens": v.cached_tokens, "warm_tokens": v.warm_tokens} for v in plan if v.chosen]
+        rec["shadows_rejected"] = [{"model": v.model_id, "instance": v.site, "reason": v.reason}
+                                   for v in plan if not v.chosen]
+        if isinstance(out, web.Response) and "X-Gateway-Decision" in out.headers:   # not sent yet (no stream)
+            out.headers["X-Gateway-Decision"] += "; shadows=" + (
+                ",".join(f"{s['model']}@{s['instance']}" for s in rec["shadows"]) or "none")
+
+    async def _route(self, request: web.Request, body: dict, kind: str, prompt, state, tenant: str):
+        """(model, prompt to place, gateway decision or None, auto?) of a call, or an error response.
+        `"model": "auto"` with a gateway section: the control plane's choice (a decision failure falls back
+        to the first gateway model); otherwise the per-step router's."""
+        gw, decision, by_site, tokens, pin = self.gateway, None, None, {}, None
+        key = state.key if state else None
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+        max_tokens = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else 16
+        auto = body.get("model") == "auto" and self.config.gateway is not None and "auto" not in self.config.models
+        try:
+            if auto:
+                for m in self.config.gateway.models:
+                    tokens[m] = await gw.tokens(m, kind, prompt, key)
+                decision, by_site = gw.decide_auto(tenant, {m: t for m, t in tokens.items() if t}, request.headers,
+                                                   max_tokens)
+        except ValueError as exc:                            # a malformed gateway header
+            return error_response(400, str(exc), "invalid_request_error")
+        except Exception:  # noqa: BLE001 - a decision failure falls back to plain routing
+            log.exception("gateway decision failed; plain routing")
+            decision = None
+        if auto and decision is not None and decision.chosen is not None:
+            model, pin = decision.chosen.model_id, by_site[decision.chosen.site]
+        elif auto:
+            if decision is not None:                         # nothing feasible: say so
+                why = "; ".join(sorted({o.reason for o in decision.options if o.reason}))
+                return error_response(400, f"model auto: no (model, instance, action) meets the constraints: {why}",
+                                      "invalid_request_error")
+            model = next(iter(self.config.gateway.models))
+        else:
+            try:
+                model = self.router.route(state, body.get("model"))
+            except ValueError as exc:
+                return error_response(404, str(exc), "not_found_error")
+        try:
+            if model not in tokens and any(i.view is not None for i in self.instances[model]):
+                tokens[model] = await gw.tokens(model, kind, prompt, key)
+        except Exception:  # noqa: BLE001 - no tokens: the guess answers
+            log.exception("tokenization failed")
+        return model, GatewayPrompt(prompt, tenant, {m: t for m, t in tokens.items() if t}, pin), decision, auto
+
+    def _describe(self, inst, answer: _Answer, tenant: str, session_id, prompt: GatewayPrompt, state, decision,
+                  auto: bool) -> dict | None:
+        """The decision record of a call about to go to `inst` (also the `X-Gateway-Decision` header)."""
+        try:
+            gw = self.gateway
+            ids = prompt.tokens.get(inst.model)
+            predicted, source = gw.predicted_cached(inst, tenant, ids, prompt, state)
+            chosen = decision.chosen if decision is not None and decision.chosen is not None else None
+            if chosen is not None and chosen.site == inst.url:
+                action, latency = chosen.action, chosen.latency_s
+            else:
+                action = "reuse" if predicted > 0 else "reprefill"
+                n = len(ids) if ids else len(prompt)
+                latency = gw.fit.prefill_time_at(inst.url, inst.model, max(n, predicted), predicted)
+            if action == "reuse" and state is not None and state.key in inst.shadowed:
+                action = "shadow"                        # the reused prefix is one this manager's shadow warmed
+            rec = {"tenant": tenant, "session": session_id or "", "model": inst.model, "instance": inst.url,
+                   "action": action, "predicted_cached_tokens": int(predicted),
+                   "predicted_latency_s": round(float(latency), 6), "source": source, "auto": auto,
+                   "reported_cached_tokens": None, "shadows": []}
+            if auto and decision is not None:
+                rec["options"] = [option_dict(o) for o in decision.options]
+            answer.headers = {"X-Gateway-Decision": "; ".join(
+                f"{k}={rec[k]}" for k in ("model", "instance", "action", "predicted_cached_tokens",
+                                          "predicted_latency_s", "source"))}
+            return rec
+        except Exception:  # noqa: BLE001 - a registry failure: plain routing, no decision record
+            log.exception("gateway decision record failed")
+            return None
 
     async def _send(self, request: web.Request, ticket, answer: _Answer, stream: bool, chat: bool,
                     client_usage: bool, strip_ids: bool):
@@ -259,6 +385,7 @@ class Manager:
             return resp.status_code, None, out, False
         except _UPSTREAM_ERRORS as exc:
             inst.mark_down(repr(exc), self.config.dead_retry_s)
+            self.gateway.dead(inst, repr(exc))
             if isinstance(exc, _MidStreamError):
                 return 502, str(exc), exc.response, False
             return 200, None, None, True
@@ -283,7 +410,7 @@ class Manager:
                         ch.pop("prompt_token_ids", None)
                     obj.pop("prompt_token_ids", None)
                     data = json.dumps(obj).encode()
-        return web.Response(body=data, status=resp.status_code,
+        return web.Response(body=data, status=resp.status_code, headers=answer.headers,
                             content_type=resp.headers.get("content-type", "application/json").split(";")[0])
 
     async def _pass_stream(self, request: web.Request, resp: httpx.Response, answer: _Answer, chat: bool,
@@ -302,7 +429,7 @@ class Manager:
                         continue
                     if out is None:
                         out = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                          "Cache-Control": "no-cache"})
+                                                          "Cache-Control": "no-cache", **answer.headers})
                         await out.prepare(request)
                     await out.write(event + b"\n\n")
         except _UPSTREAM_ERRORS as exc:

@@ -4,7 +4,9 @@ Each upstream server (`serve.upstream.HttpInstance`) has a `ShadowDispatcher`. I
 pending shadow per session (a newer completed call supersedes the pending one) and submits them one at a
 time:
 - admission only when the destination's waiting queue is empty (`vllm:num_requests_waiting` == 0 on its
-  Prometheus `/metrics`), and at most one shadow in flight per instance;
+  Prometheus `/metrics`), and at most one shadow in flight per instance; a server that does not export
+  that metric is never read as idle: its shadows are held (`shadow_held_no_queue_metric`, and the
+  instance's `queue_metric: false` in `/manager/summary`);
 - the submission is an ordinary completion with the lowest priority class and `max_tokens: 1`, so the
   server computes and keeps the KV itself (no cross-model transfer);
 - a routed call of the session arriving at the instance drops its pending shadow (the call prefills
@@ -90,7 +92,7 @@ class ShadowDispatcher:
     async def _waiting_requests(self) -> float:
         r = await self.client.get(self.instance.url + "/metrics", timeout=self.timeout_s)
         r.raise_for_status()
-        return prom.metric_sum(prom.parse_metrics(r.text), prom.WAITING, default=0.0)
+        return prom.metric_sum(prom.parse_metrics(r.text), prom.WAITING)   # NaN when the server lacks it
 
     async def _run(self) -> None:
         inst = self.instance
@@ -103,7 +105,14 @@ class ShadowDispatcher:
                 await asyncio.sleep(self.poll_s)
                 continue
             try:
-                if await self._waiting_requests() > 0:              # D.1: empty waiting queue only
+                waiting = await self._waiting_requests()
+                if waiting != waiting:                              # no queue metric: never read as idle
+                    inst.stats["shadow_held_no_queue_metric"] += 1
+                    inst.queue_metric = False
+                    await asyncio.sleep(self.poll_s)
+                    continue
+                inst.queue_metric = True
+                if waiting > 0:                                     # D.1: empty waiting queue only
                     inst.stats["shadow_deferred_busy"] += 1
                     await asyncio.sleep(self.poll_s)
                     continue
@@ -121,6 +130,7 @@ class ShadowDispatcher:
                 if r.status_code == 200:
                     inst.stats["shadow_completed"] += 1
                     inst.holds(task.session_key, task.body)
+                    inst.shadowed.add(task.session_key)
                 else:
                     inst.stats["shadow_failed"] += 1
                     inst.last_error = f"shadow HTTP {r.status_code}: {r.text[:200]}"

@@ -1,7 +1,7 @@
 """HTTP backend of the orchestration core: one OpenAI-compatible upstream server as an `InstanceHandle`.
 
-The core (`cluster.manager.ClusterManager`) places calls and picks shadow targets; an `HttpInstance`
-carries them out over HTTP (paper appendix D.1, no engine changes):
+The core (`cluster.manager.ClusterManager`) places calls; the control plane decides the shadows
+(`ControlPlane.plan_shadows`, through the manager); an `HttpInstance` carries them out over HTTP (paper appendix D.1, no engine changes):
 
 - `submit_call` builds the upstream request of a routed call (the front door sends it and streams the
   answer through);
@@ -45,11 +45,15 @@ class HttpInstance:
         self.last_error: str | None = None
         self.dead_retry_s = 5.0
         self.stats = {"shadow_submitted": 0, "shadow_completed": 0, "shadow_failed": 0, "shadow_superseded": 0,
-                      "shadow_dropped_by_routed": 0, "shadow_deferred_busy": 0}
+                      "shadow_dropped_by_routed": 0, "shadow_deferred_busy": 0, "shadow_held_no_queue_metric": 0,
+                      "shadow_dropped_by_plane": 0}
+        self.queue_metric: bool | None = None      # whether /metrics exports vllm:num_requests_waiting
         self.client = None
         self.dispatcher: ShadowDispatcher | None = None
         self._held: "OrderedDict[tuple[str, str], tuple]" = OrderedDict()   # session key -> comparable()
         self._queued: dict[str, float] = {}                                # request id -> uncached tokens
+        self.view = None            # gateway.engine_view.EngineView when the server publishes KV events
+        self.shadowed: set = set()  # sessions whose held content here came from a shadow of this manager
 
     def __repr__(self) -> str:
         return f"HttpInstance({self.model!r}, {self.url!r})"
@@ -73,7 +77,20 @@ class HttpInstance:
         self.last_error = error
 
     # -------------------------------------------------------------------------------------- placement
+    def guess_cached(self, prompt, session) -> float:
+        """Tokens of `prompt` this manager believes the server holds (what it last sent there)."""
+        seq, per = comparable(getattr(prompt, "raw", prompt))
+        held = self._held.get(session.key) if session is not None else None
+        if held is not None and type(held[0]) is type(seq):
+            return common_prefix_length(held[0], seq) / per
+        return 0.0
+
     def _uncached(self, prompt, session, assume_cached: int | None) -> float:
+        tokens = getattr(prompt, "tokens", {}).get(self.model)
+        if tokens is not None and self.view is not None and not self.view.stale():   # engine truth
+            cached = max(self.view.cached_tokens(prompt.tenant, tokens), float(assume_cached or 0))
+            return max(0.0, len(tokens) - cached)
+        prompt = getattr(prompt, "raw", prompt)
         seq, per = comparable(prompt)
         held = self._held.get(session.key) if session is not None else None
         cached = 0.0
@@ -84,12 +101,16 @@ class HttpInstance:
         return max(0.0, len(seq) / per - cached)
 
     def estimate_prefill_s(self, prompt, session, assume_cached: int | None = None) -> float:
+        pin = getattr(prompt, "pin", None)
+        if pin is not None and pin is not self:           # the gateway decided on another instance
+            return float("inf")
         queued = sum(self._queued.values())
         return (queued + self._uncached(prompt, session, assume_cached)) / self.prefill_tokens_per_s
 
     def holds(self, session_key: tuple[str, str], content) -> None:
         """Believe the server now caches `content` (a prompt + answer, or a shadow body) for the session."""
         self._held[session_key] = comparable(content)
+        self.shadowed.discard(session_key)
         self._held.move_to_end(session_key)
         while len(self._held) > BELIEF_SESSIONS:
             self._held.popitem(last=False)
@@ -110,7 +131,8 @@ class HttpInstance:
     # ---------------------------------------------------------------------------------------- shadows
     def upsert_shadow(self, session, history, switch_prob: float) -> None:
         """`history`: (path, body without `model`) of the request that makes this server hold the
-        session's next-turn prefix; sent with `max_tokens: 1` at the lowest priority class, when admitted."""
+        session's next-turn prefix; sent with `max_tokens: 1` at the lowest priority class, when admitted.
+        Whether and where is the control plane's decision (`ControlPlane.plan_shadows`), made before."""
         path, body = history
         self.dispatcher.submit(ShadowTask(session.key, path, {**body, "model": self.served_model_name},
                                           time.monotonic()))

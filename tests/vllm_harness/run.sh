@@ -96,3 +96,4 @@ SP_SERVE_PEERS="$WORK/peers.json" "$PY" tests/vllm_harness/measure.py --out "$WO
 manager_suite
 "$PY" tests/vllm_harness/shadow_table.py "$WORK/shadow-report.json"
 echo "[vllm-harness] measured: $WORK/report.jsonl $WORK/measure-vllm.json $WORK/measure-vllm-shadow-scheduler.json $WORK/shadow-report.json"
+bash tests/vllm_harness/run_gateway.sh
