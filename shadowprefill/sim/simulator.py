@@ -331,6 +331,8 @@ def _advance(bar, t: float, w1: float, open_calls: int):
     done = drain - open_calls
     if done > bar.n:
         bar.update(done - bar.n)
+        if not open_calls:
+            bar.refresh()                             # the drain's end is always shown
     return bar
 
 
