@@ -127,7 +127,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("serve-engine", help="serve the built-in engine over OpenAI-compatible HTTP")
     p.add_argument("--model", default="tiny", help="tiny | tiny_large | a local HF checkpoint directory")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=port, default=8001, help="port to listen on (0: any free port)")
+    p.add_argument("--port", type=port, default=8001, help="port to listen on")
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: --model)")
     p.add_argument("--num-blocks", type=positive_int, default=1024, help="KV pages in the engine's pool")
     p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV page")
