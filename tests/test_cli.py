@@ -1,10 +1,13 @@
 """The command line: every command turns a bad argument or input file into one line
 `shadowprefill <command>: error: ...` on stderr and exit status 2, before it starts any work; errors of the
-work itself keep their traceback; `python -m shadowprefill` is the same command."""
+work itself keep their traceback; `python -m shadowprefill` is the same command. And it explains itself:
+`--version`, help and a shown default on every option, one warm-up default, results on stdout with a
+`wrote FILE` line per file, a progress bar through the drain, PASS/FAIL from `selfcheck`."""
 import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -261,7 +264,11 @@ def _parsers(parser, prefix=()):
 
 
 def test_version(capsys):
+    import re
+
     import shadowprefill
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == shadowprefill.__version__
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0
@@ -365,7 +372,10 @@ def test_sweep_and_gateway_sweep_name_their_files(capsys, tmp_path):
                  "--out", str(out), "--quiet"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"wrote {out} (1 points of --param beta)"
     assert main(["gateway", "sweep", "--param", "hit_rate", "--out", str(tmp_path / "gw")]) == 0
-    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'gw'}")
+    stem = tmp_path / "gw" / "gateway_sweep_hit_rate"
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"wrote {stem}.{ext}" for ext in ("png", "csv", "json")]
+    assert all(Path(line.split()[1]).is_file() for line in lines)
 
 
 def test_selfcheck_ends_with_one_verdict_line(capsys, monkeypatch):

@@ -100,7 +100,8 @@ def run_sweep(args) -> int:
     with open(stem + ".json", "w") as f:
         json.dump({"param": args.param, "rows": rows}, f, indent=1)
     _plot(rows, args.param, stem + ".png")
-    print(f"wrote {stem}.png, {stem}.csv, {stem}.json ({len(rows)} rows)")
+    for ext in ("png", "csv", "json"):
+        print(f"wrote {stem}.{ext}" + (f" ({len(rows)} rows)" if ext != "png" else ""))
     return 0
 
 
