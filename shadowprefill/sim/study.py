@@ -12,9 +12,11 @@ calls that complete under all of them); runs go to a process pool. The paper's p
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -355,9 +357,10 @@ def _demo(args) -> int:
     n = len(spec.experiments())
     where = ("Ray tasks" + (f" on {args.ray_address}" if args.ray_address else "") if use_ray
              else f"{spec.jobs or os.cpu_count()} processes")
-    print(f"shadowprefill demo: {n} runs ({', '.join(spec.workloads)} x seeds {list(spec.seeds)} x windows "
-          f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, {where}", flush=True)
-    study = run_study(spec, log=print, ray=use_ray, ray_address=args.ray_address)
+    log = functools.partial(print, file=sys.stderr, flush=True)        # progress and logs: stderr
+    log(f"shadowprefill demo: {n} runs ({', '.join(spec.workloads)} x seeds {list(spec.seeds)} x windows "
+        f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, {where}")
+    study = run_study(spec, log=log, ray=use_ray, ray_address=args.ray_address)
     print(study_table(study))
     out.mkdir(parents=True, exist_ok=True)
     (out / "study.json").write_text(json.dumps({k: v for k, v in study.items()}, indent=1, default=str))
