@@ -3,9 +3,9 @@
 Rules (also for whoever writes docs):
 - a fenced ```python block is executed, alone, in a fresh interpreter in an empty directory (CPU, no
   network, seconds); ```py blocks are shown, never run;
-- a ```bash block is run when every command in it is cheap by `cheap_command` (`shadowprefill ... --help`,
-  `--version`, `gateway table`, a `simulate` on one instance per model of at most 60 simulated seconds,
-  `python examples/X.py` on CPU); any other ```bash block is shown only, as are ```console blocks (servers,
+- a ```bash block is run when every command in it is cheap by `cheap_command` (`shadowprefill` or
+  `python -m shadowprefill` with `--help` or `--version`, `gateway table`, a `simulate` on one instance per
+  model of at most 60 simulated seconds; `python examples/X.py` on CPU); any other ```bash block is shown only, as are ```console blocks (servers,
   `make`, `pip`, `curl`); a run block directly followed by a ```text block must print exactly that text;
 - every relative link `[..](path#anchor)` in every *.md file of the repository points to an existing file,
   and an #anchor to a heading of the target file (GitHub's anchor rule).
@@ -92,6 +92,8 @@ def cheap_command(command: str) -> list[str] | None:
     argv = shlex.split(command, comments=True)
     if argv[:1] == ["python"] and len(argv) == 2 and re.fullmatch(r"examples/\w+\.py", argv[1]):
         return [sys.executable, str(ROOT / argv[1])]
+    if argv[:3] == ["python", "-m", "shadowprefill"]:
+        argv = ["shadowprefill", *argv[3:]]
     if argv[:1] != ["shadowprefill"]:
         return None
     args = argv[1:]
@@ -140,7 +142,7 @@ def test_cheap_bash_block_runs(argvs, expected, tmp_path):
 def test_the_block_rules_are_applied():
     """The rules select what they say: the README's quick starts run, servers and set-up do not."""
     assert cheap_command("shadowprefill simulate --help")
-    assert cheap_command("shadowprefill --version")
+    assert cheap_command("shadowprefill --version") == cheap_command("python -m shadowprefill --version")
     assert cheap_command("shadowprefill simulate --pair A/B --instances 1 --duration 60 --out x.json")
     assert not cheap_command("shadowprefill simulate --pair A/B --duration 600 --out x.json")
     assert not cheap_command("shadowprefill serve-manager --config m.json")
