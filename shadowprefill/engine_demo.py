@@ -179,8 +179,9 @@ def summarize(tickets, engines, wall_s: float) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="shadowprefill engine-demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=positive_int, default=DemoConfig.sessions)
-    parser.add_argument("--seed", type=nonneg_int, default=0)
+    parser.add_argument("--sessions", type=positive_int, default=DemoConfig.sessions,
+                        help="agent sessions per run")
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="seed of the models' weights and the traffic")
     args = parser.parse_args(argv)
     return run_demo(args)
 
@@ -210,8 +211,9 @@ def run_demo(args) -> int:
 def register(subparsers) -> None:
     """Adds `shadowprefill engine-demo` to the command line."""
     parser = subparsers.add_parser("engine-demo", help="shadow prefill on two tiny real models: no shadow vs Harvest-SLO")
-    parser.add_argument("--sessions", type=positive_int, default=DemoConfig.sessions)
-    parser.add_argument("--seed", type=nonneg_int, default=0)
+    parser.add_argument("--sessions", type=positive_int, default=DemoConfig.sessions,
+                        help="agent sessions per run")
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="seed of the models' weights and the traffic")
     parser.set_defaults(func=run_demo)
 
 

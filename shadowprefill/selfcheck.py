@@ -4,8 +4,8 @@ On the available device (CUDA if present, else CPU) it builds a small paged pool
 decode/prefill batch with write_kv, runs paged_attention against the float64 reference
 (shadowprefill.ops.reference.dense_attention), repeats both on a vLLM-layout copy of the cache with
 write_kv_cache / paged_attention_kv, spills and reloads pages with copy_blocks (device <-> host),
-packs/unpacks with and without fp8, and prints one table: op | check | max error | throughput. Exit status
-1 when a check fails.
+packs/unpacks with and without fp8, prints one table: op | check | max error | throughput, and ends with one
+line `PASS: ...` or `FAIL: ...` naming the failed checks (exit status 1).
 """
 import math
 import sys
@@ -137,7 +137,10 @@ def run(device: torch.device):
 
 def register(subparsers) -> None:
     """Adds `shadowprefill selfcheck` to the command line."""
-    parser = subparsers.add_parser("selfcheck", help="check and time every op on this machine's device")
+    parser = subparsers.add_parser("selfcheck", help="check and time every op on this machine's device",
+                                   description="Check every op against its float64 reference on this machine's "
+                                               "device (CUDA if present, else CPU), time it, and end with one "
+                                               "PASS / FAIL line (exit status 1 on FAIL).")
     parser.set_defaults(func=lambda args: main())
 
 
@@ -152,7 +155,12 @@ def main(argv=None) -> int:
         print(f"{name:<28}{'ok' if ok else 'FAIL':<8}{error:>12.3g}{rate:>12.4g} {unit:<7}")
     print("max error: paged_attention vs float64 dense attention (abs), paged_attention_kv vs paged_attention "
           "(abs); pack/unpack relative to the largest |value|")
-    return 0 if all(ok for _, ok, *_ in rows) else 1
+    failed = [name for name, ok, *_ in rows if not ok]
+    if failed:
+        print(f"FAIL: {len(failed)} of {len(rows)} checks on {device.type}: {', '.join(failed)}")
+        return 1
+    print(f"PASS: all {len(rows)} checks on {device.type}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """The command line: every command turns a bad argument or input file into one line
 `shadowprefill <command>: error: ...` on stderr and exit status 2, before it starts any work; errors of the
-work itself keep their traceback; `python -m shadowprefill` is the same command."""
+work itself keep their traceback; `python -m shadowprefill` is the same command. And it explains itself:
+`--version`, help and a shown default on every option, one warm-up default, results on stdout with a
+`wrote FILE` line per file, a progress bar through the drain, PASS/FAIL from `selfcheck`."""
 import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +250,154 @@ def test_python_dash_m_is_the_command(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     assert bad.stderr.startswith("shadowprefill simulate: error: unknown model 'X'; known: [")
+
+
+# ---- a command line that explains itself ------------------------------------------------------------------
+def _parsers(parser, prefix=()):
+    """(command words, parser) of the top-level parser and every sub-command, recursively."""
+    import argparse
+    yield prefix, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, prefix + (name,))
+
+
+def test_version(capsys):
+    import re
+
+    import shadowprefill
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == shadowprefill.__version__
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"shadowprefill {shadowprefill.__version__}"
+
+
+def test_every_option_has_help_and_shows_its_default():
+    import argparse
+    import re
+
+    from shadowprefill.cli import build_parser
+    missing, undefaulted, numbered = [], [], []
+    for words, parser in _parsers(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if not action.option_strings or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+                continue
+            name = " ".join(words + (action.option_strings[-1],))
+            if not (action.help or "").strip():
+                missing.append(name)
+            shown = formatter._get_help_string(action)
+            if action.default not in (None, False) and "default" not in shown:
+                undefaulted.append(name)
+            if re.search(r"issue\s*#?\d", shown, re.IGNORECASE):
+                numbered.append(name)
+        if re.search(r"issue\s*#?\d", (parser.description or "") + str(getattr(parser, "help", "")), re.I):
+            numbered.append(" ".join(words))
+    assert not missing, f"options without help: {missing}"
+    assert not undefaulted, f"options whose default is not shown: {undefaulted}"
+    assert not numbered, f"issue numbers in help: {numbered}"
+    text = "\n".join(p.format_help() for _, p in _parsers(build_parser()))
+    assert "(default: 120.0)" in text and "%(default)" not in text
+
+
+def test_one_warmup_default_for_every_simulator_command():
+    from shadowprefill.cli import build_parser
+    from shadowprefill.sim.args import WARMUP_S
+    from shadowprefill.sim.study import StudySpec
+    parser = build_parser()
+    defaults = {cmd: parser.parse_args([cmd, "--pair", PAIR, "--out", "x", *extra]).warmup
+                for cmd, extra in (("simulate", []), ("sweep", ["--param", "beta"]), ("demo", []))}
+    assert set(defaults.values()) == {WARMUP_S} == {StudySpec().warmup_s} == {120.0}, defaults
+
+
+@pytest.mark.parametrize("command, pair", [("simulate", "Q2.5-7B"), ("simulate", "Qwen2.5-7B/Qwen2.5-7B"),
+                                           ("sweep", "Q2.5-7B"), ("demo", "Q2.5-7B")])
+def test_a_pair_names_two_different_models(capsys, tmp_path, command, pair):
+    argv = [command, "--pair", pair, "--out", str(tmp_path / "o")]
+    argv += ["--param", "beta"] if command == "sweep" else []
+    line = one_line_error(capsys, argv, command)
+    assert "--pair must name two different models" in line and repr(pair) in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_simulate_prints_results_to_stdout_and_names_every_file(capsys, tmp_path):
+    out, records = tmp_path / "run.json", tmp_path / "calls.jsonl"
+    rc = main(["simulate", *SIM, "--policies", "no-shadow,harvest-slo+host", "--out", str(out),
+               "--records", str(records), "--quiet"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    lines = captured.out.strip().splitlines()
+    assert lines[0].split() == ["metric", "no-shadow", "harvest-slo+host"]
+    assert any(line.startswith("switch-call latency red. (%)") for line in lines)
+    n_records = sum(1 for _ in records.open())
+    assert lines[-2:] == [f"wrote {out}", f"wrote {records} ({n_records} calls)"]
+    assert set(json.loads(out.read_text())["policies"]) == {"no-shadow", "harvest-slo+host"}
+    assert captured.err == ""                                      # --quiet: no bar, no log lines
+
+
+def test_the_progress_bar_counts_the_drain():
+    """Simulated seconds up to the window's end, then the window's calls still running until they finish."""
+    import io
+
+    from tqdm import tqdm
+
+    from shadowprefill.sim.simulator import _advance
+    screen = io.StringIO()
+    bar = tqdm(total=30, file=screen, mininterval=0, miniters=1, desc="p")
+    for t, open_calls in ((0.5, 2), (12.3, 4), (29.9, 6)):
+        assert _advance(bar, t, 30.0, open_calls) is bar
+    assert bar.n == 29 and bar.total == 30
+    _advance(bar, 30.2, 30.0, 5)                 # the window ends with 5 measured calls open: the drain starts
+    assert (bar.n, bar.total, bar.desc) == (0, 5, "p drain")
+    for t, open_calls, done in ((31.0, 5, 0), (40.0, 3, 2), (95.0, 0, 5)):
+        _advance(bar, t, 30.0, open_calls)
+        assert bar.n == done
+    assert "5/5 calls finished" in screen.getvalue()
+
+
+def test_simulate_shows_the_drain_on_its_bar(capsys, tmp_path):
+    rc = main(["simulate", *SIM, "--policies", "no-shadow", "--out", str(tmp_path / "o.json")])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "no-shadow drain" in captured.err and "calls finished" in captured.err
+    assert "metric" not in captured.err and captured.out.startswith("metric")
+
+
+def test_sweep_and_gateway_sweep_name_their_files(capsys, tmp_path):
+    out = tmp_path / "sweep.json"
+    assert main(["sweep", *SIM, "--param", "beta", "--values", "0.5", "--policies", "no-shadow",
+                 "--out", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"wrote {out} (1 points of --param beta)"
+    assert main(["gateway", "sweep", "--param", "hit_rate", "--out", str(tmp_path / "gw")]) == 0
+    stem = tmp_path / "gw" / "gateway_sweep_hit_rate"
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"wrote {stem}.{ext}" for ext in ("png", "csv", "json")]
+    assert all(Path(line.split()[1]).is_file() for line in lines)
+
+
+def test_selfcheck_ends_with_one_verdict_line(capsys, monkeypatch):
+    from shadowprefill import selfcheck
+    assert main(["selfcheck"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "PASS: all 10 checks on cpu"
+    real = selfcheck.run
+
+    def one_failure(device):
+        rows = real(device)
+        return [rows[0][:1] + (False,) + rows[0][2:]] + rows[1:]
+    monkeypatch.setattr(selfcheck, "run", one_failure)
+    assert main(["selfcheck"]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "FAIL: 1 of 10 checks on cpu: write_kv"
+
+
+def test_no_import_circle_between_the_simulator_commands():
+    """sim/study.py (the demo command) uses the shared arguments module, never sim/cli.py."""
+    import ast
+    from pathlib import Path
+
+    import shadowprefill.sim.study as study
+    tree = ast.parse(Path(study.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "shadowprefill.sim.cli" not in imported and "shadowprefill.sim.args" in imported

@@ -1,4 +1,5 @@
-"""``shadowprefill gateway table|sweep``: Table IV as computed and the Figure 5 sensitivity (paper 003, §VI-C).
+"""``shadowprefill gateway table|sweep``: Table IV as computed and the Figure 5 sensitivity (Unified AI Gateway
+paper, §VI-C).
 
 ``register(subparsers)`` adds the ``gateway`` command to the main argparse parser; each leaf sets
 ``func`` so the main entry point runs ``args.func(args)``. ``python -m shadowprefill.gateway.cli`` works too; a bad argument is one line and exit status 2.
@@ -99,20 +100,24 @@ def run_sweep(args) -> int:
     with open(stem + ".json", "w") as f:
         json.dump({"param": args.param, "rows": rows}, f, indent=1)
     _plot(rows, args.param, stem + ".png")
-    print(f"wrote {stem}.png, {stem}.csv, {stem}.json ({len(rows)} rows)")
+    for ext in ("png", "csv", "json"):
+        print(f"wrote {stem}.{ext}" + (f" ({len(rows)} rows)" if ext != "png" else ""))
     return 0
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add ``gateway table`` and ``gateway sweep`` to the main parser's subparsers."""
-    gw = subparsers.add_parser("gateway", help="Unified AI Gateway analytic model (paper 003 §VI)")
+    gw = subparsers.add_parser("gateway", help="the Unified AI Gateway paper's analytic model (its §VI)",
+                               description="The Unified AI Gateway paper's analytic workload model: Table IV "
+                                           "(`table`) and the Figure 5 sensitivity curves (`sweep`).")
     sub = gw.add_subparsers(dest="gateway_cmd", metavar="SUBCOMMAND", required=True)
     t = sub.add_parser("table", help="print Table IV as computed")
     t.add_argument("--compare", action="store_true", help="show the paper's value next to ours per cell")
     t.set_defaults(func=run_table)
     s = sub.add_parser("sweep", help="Figure 5 sensitivity sweep: PNG + CSV + JSON")
-    s.add_argument("--param", required=True, choices=SWEEP_PARAMS)
-    s.add_argument("--out", default="out/gateway", help="output directory (default out/gateway)")
+    s.add_argument("--param", required=True, choices=SWEEP_PARAMS,
+                   help="the swept quantity: link bandwidth, cache hit rate or context length")
+    s.add_argument("--out", default="out/gateway", help="output directory")
     s.set_defaults(func=run_sweep)
     return gw
 

@@ -163,8 +163,8 @@ class Simulator:
             if t > deadline:
                 break
             clock.advance_to(t)
-            if bar is not None and t >= bar.n + 1.0:
-                bar.update(int(min(t, w1)) - bar.n)
+            if bar is not None:
+                bar = _advance(bar, t, w1, len(pending) + len(normal_open))
             if kind == _STEP:
                 inst = instances[a]
                 it = inst.driver.iteration
@@ -311,6 +311,29 @@ class Simulator:
                                 shadow_pushes_lost=pd.shadow_push_lost,
                                 link_bytes=sum(link.bytes_moved for link in links),
                                 link_busy_s=sum(link.busy_s for link in links))
+
+
+def _advance(bar, t: float, w1: float, open_calls: int):
+    """Move the bar: simulated seconds up to the window's end `w1`, then the drain, counted as the calls and
+    normal requests measured in the window that have finished since it ended."""
+    if t < w1:
+        if t >= bar.n + 1.0:
+            bar.update(int(t) - bar.n)
+        return bar
+    drain = getattr(bar, "_drain_total", None)
+    if drain is None:                                 # the window just ended: the drain phase starts
+        bar.update(int(w1) - bar.n)
+        bar.desc = f"{bar.desc} drain" if bar.desc else "drain"
+        bar.bar_format = "{desc}: {bar}| {n:.0f}/{total:.0f} calls finished [{elapsed}<{remaining}]"
+        bar.unit = "calls"
+        bar.reset(total=open_calls)
+        bar._drain_total = drain = open_calls
+    done = drain - open_calls
+    if done > bar.n:
+        bar.update(done - bar.n)
+        if not open_calls:
+            bar.refresh()                             # the drain's end is always shown
+    return bar
 
 
 def _progress(progress, total: float):

@@ -12,9 +12,11 @@ calls that complete under all of them); runs go to a process pool. The paper's p
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,7 +59,7 @@ class StudySpec:
     seeds: tuple[int, ...] = (0,)
     windows: tuple[str, ...] = ("peak", "median", "trough")
     duration_s: dict = field(default_factory=lambda: {"fusionbench": 300.0, "ghcp-coding": 300.0})
-    warmup_s: float = 60.0
+    warmup_s: float = 120.0
     max_drain_s: float = 900.0
     policies: tuple[str, ...] = STUDY_POLICIES
     rho: float = 0.7
@@ -287,21 +289,29 @@ def plot_policies(study: dict, out_dir: str | Path) -> Path:
 # ------------------------------------------------------------------------------------------------ CLI
 def register(subparsers) -> None:
     """Adds `shadowprefill demo` (the main job: the headline study at paper defaults, reduced length)."""
-    from shadowprefill.sim.cli import add_admission_argument, add_ray_arguments
+    from shadowprefill.sim.args import WARMUP_S, add_admission_argument, add_ray_arguments
+    from shadowprefill.sim.policies import POLICIES
     from shadowprefill.usage import nonneg_float, positive_float, positive_int
     p = subparsers.add_parser("demo", help="the paper's headline comparison (GHCP-like and FusionBench-like "
-                                           "workloads), printed beside the paper's numbers, with figures")
-    p.add_argument("--workloads", default="ghcp-coding,fusionbench")
-    p.add_argument("--pair", default=StudySpec.pair)
+                                           "workloads), printed beside the paper's numbers, with figures",
+                              description="The headline study (`make demo`): seeds x windows runs per workload, "
+                                          "each reduction against No Shadow as mean ± SE over the runs, beside "
+                                          "the paper's numbers; writes study.json and figures to --out.")
+    p.add_argument("--workloads", default="ghcp-coding,fusionbench", help="comma-separated session generators")
+    p.add_argument("--pair", default=StudySpec.pair, help="two different models, SMALL/LARGE")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (paper: 0,1,2)")
-    p.add_argument("--windows", default="peak,median,trough", help="comma-separated windows")
+    p.add_argument("--windows", default="peak,median,trough",
+                   help="comma-separated measurement windows (normal load x 1, 0.5, 0.25 of the peak hour)")
     p.add_argument("--duration", type=positive_float, default=300.0,
                    help="measured simulated seconds per run (paper: 600; 1800 for GHCP; see --paper-length)")
-    p.add_argument("--paper-length", action="store_true", help="the paper's run lengths and 120 s warm-up")
-    p.add_argument("--warmup", type=nonneg_float, default=60.0)
+    p.add_argument("--paper-length", action="store_true",
+                   help="the paper's run lengths and each workload's own session rate")
+    p.add_argument("--warmup", type=nonneg_float, default=WARMUP_S,
+                   help="simulated seconds before the measured window (the paper: 120)")
     p.add_argument("--session-rate", type=positive_float,
                    help=f"sessions per second (default: {DEMO_SESSION_RATE}; with --paper-length each workload's)")
-    p.add_argument("--policies", default=",".join(STUDY_POLICIES))
+    p.add_argument("--policies", default=",".join(STUDY_POLICIES),
+                   help=f"comma-separated, must include no-shadow ({', '.join(POLICIES)})")
     p.add_argument("--all-policies", action="store_true",
                    help="all ten policies of Table 2 (overrides --policies) and the Figure 4 chart of them")
     p.add_argument("--capacity", help="per-instance capacity, MODEL=REQ_S[,MODEL=REQ_S] (skips calibration; the "
@@ -315,28 +325,28 @@ def register(subparsers) -> None:
 
 def spec_from_args(args) -> StudySpec:
     """The `StudySpec` of `demo`'s arguments (ValueError naming a bad one)."""
-    from shadowprefill.sim.cli import _capacity
+    from shadowprefill.sim.args import check_pair, parse_capacity
     from shadowprefill.sim.policies import parse_policies
     from shadowprefill.usage import comma_list
     workloads = tuple(comma_list(args.workloads))
     if args.paper_length:
-        duration, warmup, rate = dict(PAPER_DURATION_S), 120.0, args.session_rate
+        duration, warmup, rate = dict(PAPER_DURATION_S), args.warmup, args.session_rate
     else:
         duration, warmup = {w: args.duration for w in workloads}, args.warmup
         rate = DEMO_SESSION_RATE if args.session_rate is None else args.session_rate
     spec = StudySpec(workloads=workloads, pair=args.pair, seeds=tuple(comma_list(args.seeds, int, "--seeds integer")),
-                     capacity=_capacity(args.capacity), windows=tuple(comma_list(args.windows)),
+                     capacity=parse_capacity(args.capacity), windows=tuple(comma_list(args.windows)),
                      duration_s=duration, warmup_s=warmup, session_rate=rate,
                      policies=tuple(p.name for p in parse_policies("all" if getattr(args, "all_policies", False) else args.policies)),
                      jobs=args.jobs, admission=getattr(args, "admission", "fcfs"))
     if any(s < 0 for s in spec.seeds):
         raise ValueError(f"--seeds must be integers >= 0, got {args.seeds!r}")
-    spec.experiments()               # validates the pair
+    check_pair(spec.experiments()[0].models, args.pair)     # parse_models validates the names
     return spec
 
 
 def _demo(args) -> int:
-    from shadowprefill.sim.cli import check_ray
+    from shadowprefill.sim.args import check_ray
     from shadowprefill.usage import user_input
     use_ray = check_ray(args)
     with user_input():
@@ -347,12 +357,15 @@ def _demo(args) -> int:
     n = len(spec.experiments())
     where = ("Ray tasks" + (f" on {args.ray_address}" if args.ray_address else "") if use_ray
              else f"{spec.jobs or os.cpu_count()} processes")
-    print(f"shadowprefill demo: {n} runs ({', '.join(spec.workloads)} x seeds {list(spec.seeds)} x windows "
-          f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, {where}", flush=True)
-    study = run_study(spec, log=print, ray=use_ray, ray_address=args.ray_address)
+    log = functools.partial(print, file=sys.stderr, flush=True)        # progress and logs: stderr
+    log(f"shadowprefill demo: {n} runs ({', '.join(spec.workloads)} x seeds {list(spec.seeds)} x windows "
+        f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, {where}")
+    study = run_study(spec, log=log, ray=use_ray, ray_address=args.ray_address)
     print(study_table(study))
     out.mkdir(parents=True, exist_ok=True)
     (out / "study.json").write_text(json.dumps({k: v for k, v in study.items()}, indent=1, default=str))
     figs = [plot_study(study, out)] + ([plot_policies(study, out)] if getattr(args, "all_policies", False) else [])
-    print(f"\nwall time {study['wall_s']:.0f} s; wrote {out / 'study.json'} and {', '.join(map(str, figs))}")
+    print(f"\nwall time {study['wall_s']:.0f} s")
+    for path in [out / "study.json", *figs]:
+        print(f"wrote {path}")
     return 0
