@@ -24,6 +24,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from shadowprefill.shadow.spend import spend_budget
+
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
@@ -235,14 +237,66 @@ class ShadowChunk:
         return f"ShadowChunk({self.job.session_id!r}, [{self.start}, {self.start + self.num_new}))"
 
 
+class _JobHost:
+    """The engine's shadow jobs as `spend.spend_budget` sees them (its `SpendHost`): `locate` matches a job's
+    history in the prefix cache (holding the hit pages), `allocate` takes shadow-class pages for the chunk,
+    `release` drops the hit pages of a job that got no chunk."""
+
+    __slots__ = ("block_size", "kv", "now", "budget", "overlap", "host_aware", "_match", "chunks")
+
+    def __init__(self, queue: ShadowJobQueue, budget, kv, now: float, overlap) -> None:
+        self.block_size, self.kv, self.now, self.budget, self.overlap = queue.block_size, kv, now, budget, overlap
+        self.host_aware = overlap is not None and kv.has_host_tier
+        self._match = None
+        self.chunks: list[ShadowChunk] = []
+
+    def estimate(self, job: ShadowJob) -> tuple[int, int]:
+        """The job's belief: no prefix lookup for a job that cannot fit."""
+        return job.num_cached, job.pending_tokens(self.block_size)
+
+    def locate(self, job: ShadowJob):
+        bs, kv, budget = self.block_size, self.kv, self.budget
+        limit = job.shadowable_tokens(bs)
+        if job.page_hashes is None or job.page_hashes.tokens is not job.token_ids:
+            job.page_hashes = kv.hash_chain(job.token_ids, tenant=job.tenant)
+        if self.host_aware:
+            dev, host = kv.peek_prefix(job.token_ids, tenant=job.tenant, max_tokens=limit, hashes=job.page_hashes)
+            if host:        # no reload (match) unless the chunk fits beside it
+                k = min(limit - dev - host, budget.room(), budget.fits(dev + host, reload=(self.overlap, host)))
+                if k - k % bs < budget.n_min:
+                    job.num_cached = dev + host
+                    return None
+        match = self._match = kv.match_prefix(job.token_ids, now=self.now, tenant=job.tenant, shadow=True,
+                                              max_tokens=limit, hashes=job.page_hashes)
+        start = job.num_cached = match.num_tokens
+        reload = (self.overlap, match.host_tokens) if match.host_tokens and self.overlap is not None else None
+        return start, limit - start, reload
+
+    def allocate(self, job: ShadowJob, context: int, n: int) -> bool:
+        blocks = self.kv.allocate(n // self.block_size, now=self.now, shadow=True)
+        if blocks is None:
+            return False
+        match, self._match = self._match, None
+        # the job's token list is only appended to (a rewrite replaces it): no O(context) snapshot copy
+        self.chunks.append(ShadowChunk(job, context, n, match.block_ids + blocks, match.ready_event,
+                                       match.host_tokens))
+        return True
+
+    def release(self, job: ShadowJob) -> None:
+        if self._match is not None:
+            self.kv.free(self._match.block_ids, now=self.now)
+            self._match = None
+
+
 def take(queue: ShadowJobQueue, budget, kv, now: float, *, overlap=None) -> list[ShadowChunk]:
-    """Algorithm 1 line 15: chunks from `queue`'s jobs by switch probability, each the largest whole-page
-    chunk the `budget` (controller.ShadowBudget) allows at the job's cached context, until it is spent.
-    `kv`: the instance's KVCacheManager (prefix match and shadow-class pages, references held by the
-    chunks until `complete`). `overlap(compute_s, reload_tokens)`: an iteration's seconds when it reads a
-    host-tier prefix through a layer-wise reload (model.latency.LatencyModel.overlapped_time, which the
-    SimulatedExecutor charges too): the budget counts only what the reload adds beyond the compute
-    (ShadowBudget.reload_s), and no reload starts unless the chunk fits beside it.
+    """Algorithm 1 line 15 (`spend.spend_budget`): chunks from `queue`'s jobs by switch probability, each
+    the largest whole-page chunk the `budget` (controller.ShadowBudget) allows at the job's cached context,
+    until it is spent; a job's short tail waits for more history. `kv`: the instance's KVCacheManager
+    (prefix match and shadow-class pages, references held by the chunks until `complete`).
+    `overlap(compute_s, reload_tokens)`: an iteration's seconds when it reads a host-tier prefix through a
+    layer-wise reload (model.latency.LatencyModel.overlapped_time, which the SimulatedExecutor charges too):
+    the budget counts only what the reload adds beyond the compute (ShadowBudget.reload_s), and no reload
+    starts unless the chunk fits beside it.
 
     O(chunk) work per chunk, not O(context): a job keeps its chain between chunks, so its prefix is never
     re-hashed, and the chain remembers the pages it was found on (generation-checked by the manager), so a
@@ -250,48 +304,9 @@ def take(queue: ShadowJobQueue, budget, kv, now: float, *, overlap=None) -> list
     and the references on it remain O(context), at a few ns per page in the native KV core."""
     if not budget.open or len(queue) == 0:
         return []
-    bs, smallest = queue.block_size, budget.n_min
-    host_aware = overlap is not None and kv.has_host_tier
-    chunks: list[ShadowChunk] = []
-    for job in queue.runnable(budget.n_min):
-        if budget.room() < smallest:
-            break
-        # upper bound from the job's belief first: no prefix lookup for a job that cannot fit
-        k = min(job.pending_tokens(bs), budget.room(), budget.fits(job.num_cached))            # line 10
-        if k - k % bs < smallest:
-            continue
-        if budget.read_kv_room(bs) < smallest:                                                  # line 11
-            break
-        limit = job.shadowable_tokens(bs)
-        if job.page_hashes is None or job.page_hashes.tokens is not job.token_ids:
-            job.page_hashes = kv.hash_chain(job.token_ids, tenant=job.tenant)
-        if host_aware:
-            dev, host = kv.peek_prefix(job.token_ids, tenant=job.tenant, max_tokens=limit, hashes=job.page_hashes)
-            if host:        # no reload (match) unless the chunk fits beside it
-                k = min(limit - dev - host, budget.room(), budget.fits(dev + host, reload=(overlap, host)))
-                if k - k % bs < smallest:
-                    job.num_cached = dev + host
-                    continue
-        match = kv.match_prefix(job.token_ids, now=now, tenant=job.tenant, shadow=True, max_tokens=limit,
-                                hashes=job.page_hashes)
-        start = job.num_cached = match.num_tokens
-        reload = (overlap, match.host_tokens) if match.host_tokens and overlap is not None else None
-        k = min(limit - start, budget.room(), budget.fits(start, reload=reload))               # line 10
-        k -= k % bs                                                                             # whole pages
-        if k < smallest:                                                                        # line 12
-            kv.free(match.block_ids, now=now)
-            continue
-        blocks = kv.allocate(k // bs, now=now, shadow=True)
-        if blocks is None:                                                                      # line 11
-            kv.free(match.block_ids, now=now)
-            break
-        # the job's token list is only appended to (a rewrite replaces it): no O(context) snapshot copy
-        chunks.append(ShadowChunk(job, start, k, match.block_ids + blocks, match.ready_event,
-                                  match.host_tokens))
-        budget.take(k, start, reload=reload)
-        if not budget.open:                                                                     # b is spent
-            break
-    return chunks
+    host = _JobHost(queue, budget, kv, now, overlap)
+    spend_budget(budget, queue.runnable(budget.n_min), host, short_last=False)
+    return host.chunks
 
 
 def complete(queue: ShadowJobQueue, chunks: list[ShadowChunk], kv, now: float) -> int:
