@@ -23,10 +23,9 @@ in the prefix cache and frees finished requests' pages.
 from __future__ import annotations
 
 import bisect
-from typing import Callable
-
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.kv.manager import PrefixMatch
+from shadowprefill.shadow.jobs import complete, take
 from shadowprefill.shadow.view import IterationView, decode_contexts, prefill_pairs
 
 ADMISSIONS = ("fcfs", "routed-first")
@@ -46,7 +45,7 @@ class ScheduledBatch:
 
     __slots__ = ("now", "decodes", "prefills", "shadow_chunks", "samples", "waiting_nonempty",
                  "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens", "ahead_tokens",
-                 "prefetched_tokens", "_shape")
+                 "prefetched_tokens", "budget_s", "_shape")
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -62,7 +61,8 @@ class ScheduledBatch:
         self.reload_tokens = 0                            # prefix tokens reloaded from the host tier for it
         self.ahead_tokens = 0                             # ... for the next iteration's admissions (prefetch)
         self.prefetched_tokens = 0                        # its admissions' tokens reloaded ahead (last iteration)
-        self._shape = None
+        self.budget_s = 0.0                               # b, when shadow chunks joined under a whole-iteration
+        self._shape = None                                # budget (not the credit branch); else 0
 
     @property
     def num_seqs(self) -> int:
@@ -98,19 +98,26 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    """Waiting queue(s), the running set, the KV calls of admission / growth, and request lifecycles."""
+    """Waiting queue(s), the running set, the KV calls of admission / growth, request lifecycles, and the
+    shadow phase of each iteration: `controller` (shadow.controller.ShadowController) budgets it and the
+    shadow `jobs` (shadow.jobs.ShadowJobQueue) spend it (shadow/spend.py). `overlap`: the latency model's
+    `overlapped_time` (host-tier reloads beside compute). `stats` (engine.stats.EngineStats) is written here
+    only."""
 
-    def __init__(self, config, kv, stats, *, on_admit: Callable[[Request, object], None] | None = None) -> None:
+    def __init__(self, config, kv, stats, *, controller=None, jobs=None, overlap=None) -> None:
         self.config = config
         self.kv = kv
-        self.stats = stats                            # engine.stats.EngineStats: token counters
+        self.stats = stats                            # engine.stats.EngineStats: every counter
+        self.controller = controller
+        self.jobs = jobs
+        self.overlap = overlap
+        self._runs_jobs = controller is not None and jobs is not None and controller.policy.runs_jobs
         self.block_size = config.block_size
         self.fcfs = config.admission == "fcfs"
         self._rank = _rank_fcfs if self.fcfs else _rank_routed_first
         self.requests: dict[str, Request] = {}       # every unfinished request by id
         self.waiting: dict[Priority, list[Request]] = {Priority.ROUTED: [], Priority.NORMAL: []}
         self.running: list[Request] = []             # sorted by self._rank
-        self.on_admit = on_admit                      # engine hook: stats of the prefix match
         self.num_preemptions = 0
         self._stamp = 0
         self.prefetched: list[Request] = []          # waiting requests holding a reload-ahead (r.prefetch)
@@ -152,6 +159,40 @@ class Scheduler:
 
     # ---------------------------------------------------------------------------------------- schedule
     def schedule(self, now: float) -> ScheduledBatch:
+        """Build one iteration at `now`: (1) running decodes, (2) in-flight prefill chunks, (3) admissions,
+        then, last, (4) the shadow phase (Algorithm 1: the controller's budget, spent on shadow jobs) and
+        the iteration's host-tier reloads (its own, then the next admissions' ahead). An empty batch means
+        nothing can run now."""
+        self.kv.poll(now)                             # retire completed side-stream copies
+        batch = self._schedule_requests(now)
+        if self._runs_jobs:
+            self._shadow_phase(batch, now)
+        if not batch.is_empty:
+            kv = self.kv
+            kv.start_reloads()                        # this iteration's layer-wise reloads, then those of
+            if self.prefetch(now, batch):             # the next iteration's admissions behind them (issue 15)
+                kv.start_reloads()
+        return batch
+
+    def _shadow_phase(self, batch: ScheduledBatch, now: float) -> None:
+        """Alg. 1: plan on the routed/normal part of the batch (lines 1-12), spend on the jobs (line 15)."""
+        jobs, kv = self.jobs, self.kv
+        has_jobs = len(jobs) > 0
+        budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)), has_jobs)
+        if not has_jobs:
+            return
+        chunks = take(jobs, budget, kv, now, overlap=self.overlap)
+        if chunks:
+            batch.shadow_chunks = chunks
+            batch.reload_tokens += sum(c.host_tokens for c in chunks)
+            if budget.branch != "credit":             # b bounds the whole iteration (credit: the added time)
+                batch.budget_s = budget.seconds
+
+    def _free_shadow_tokens(self, limit: int, now: float) -> int:
+        bs = self.block_size
+        return self.kv.free_blocks(now=now, shadow=True, limit=limit // bs) * bs
+
+    def _schedule_requests(self, now: float) -> ScheduledBatch:
         cfg, bs = self.config, self.block_size
         batch = ScheduledBatch(now)
         limit, max_seqs = cfg.token_budget, cfg.max_seqs
@@ -282,9 +323,19 @@ class Scheduler:
             r.admitted = True
             r.num_cached_tokens = min(cached, r.num_prompt_tokens)
             r.num_host_cached_tokens = min(match.host_tokens, r.num_cached_tokens)
-        if self.on_admit is not None:
-            self.on_admit(r, match)
+        if not (r.internal or r.num_preemptions):
+            self._count_admission(r, match)
         return n
+
+    def _count_admission(self, r: Request, match) -> None:
+        st = self.stats
+        st.prompt_tokens += r.num_prompt_tokens
+        st.cached_prompt_tokens += r.num_cached_tokens
+        st.host_cached_prompt_tokens += r.num_host_cached_tokens
+        if r.priority is Priority.ROUTED:
+            st.routed_prompt_tokens += r.num_prompt_tokens
+            st.routed_cached_prompt_tokens += r.num_cached_tokens
+            st.routed_shadow_hit_tokens += min(match.shadow_tokens, r.num_cached_tokens)
 
     def _last_normal_running(self) -> Request | None:
         last = self.running[-1] if self.running else None
@@ -409,12 +460,49 @@ class Scheduler:
             emit(RequestOutput(r, num_out, True))
         return True
 
-    def postprocess(self, batch: ScheduledBatch, tokens: list[int] | None, now: float) -> list[RequestOutput]:
-        """Apply an executed iteration at `now` (its end): add the sampled tokens (decodes first, then
-        sampling prefills: the order of batch.samples), record f_r and k_r (Eq. 1), finish requests,
-        register filled pages. `tokens` None (a simulated executor): every sample's token is its request's
-        next known one (Request.fill_token past a replay), counted, not appended. Returns a RequestOutput
-        per streaming user request that got a token, and per user request that finished."""
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int] | None, now: float,
+                    duration: float = 0.0) -> list[RequestOutput]:
+        """Apply an executed iteration of `duration` seconds at `now` (its end): add the sampled tokens
+        (decodes first, then sampling prefills: the order of batch.samples), record f_r and k_r (Eq. 1),
+        finish requests, register filled pages, then the shadow side: register the shadow chunks' pages,
+        accrue credit, refit t̂, count. `tokens` None (a simulated executor): every sample's token is its
+        request's next known one (Request.fill_token past a replay), counted, not appended. Returns a
+        RequestOutput per streaming user request that got a token, and per user request that finished."""
+        # t̂ models compute: an iteration that waited on host-tier copies is not observed (its time is not
+        # a function of the batch's features); the shape is taken before the contexts advance
+        ctl = self.controller
+        shape = (batch.shape() if ctl is not None and self.config.refit_predictor and not batch.reload_tokens
+                 and not batch.prefetched_tokens else None)
+        outputs = self._apply_tokens(batch, tokens, now)
+        shadow_tokens = complete(self.jobs, batch.shadow_chunks, self.kv, now) if batch.shadow_chunks else 0
+        if ctl is not None:
+            ctl.end_iteration(duration, busy=batch.has_requests, decode_only=batch.is_decode_only)
+            if shape is not None:
+                ctl.predictor.observe(*shape, duration)
+        st = self.stats
+        st.iterations += 1
+        st.busy_time_s += duration
+        st.shadow_tokens += shadow_tokens
+        st.shadow_chunks += len(batch.shadow_chunks)
+        if not batch.has_requests:
+            st.shadow_only_iterations += 1
+        if batch.budget_s > 0.0:                       # did the iteration stay within b (line 10)?
+            st.shadow_budget_iterations += 1
+            ratio = duration / batch.budget_s
+            st.shadow_over_budget += ratio > 1.0
+            st.shadow_budget_ratio_max = max(st.shadow_budget_ratio_max, ratio)
+        return outputs
+
+    def read_stats(self):
+        """The stats with the controller's and the scheduler's running totals filled in."""
+        st, ctl = self.stats, self.controller
+        if ctl is not None:
+            st.budget_branches = dict(ctl.branch_counts)
+            st.credit, st.credit_earned_s, st.credit_spent_s = ctl.credit, ctl.credit_earned, ctl.credit_spent
+        st.preemptions = self.num_preemptions
+        return st
+
+    def _apply_tokens(self, batch: ScheduledBatch, tokens: list[int] | None, now: float) -> list[RequestOutput]:
         st = self.stats
         running = RequestStatus.RUNNING
         bs = self.block_size
