@@ -22,15 +22,13 @@ together, advancing the engine's own clock.
 """
 from __future__ import annotations
 
-import itertools
-import logging
 import math
 from typing import NamedTuple
 
 from shadowprefill.engine.clock import Clock, VirtualClock, WallClock
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.executor import Executor, ModelExecutor, SimulatedExecutor
-from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
+from shadowprefill.engine.request import Priority, Request, RequestOutput
 from shadowprefill.engine.scheduler import ScheduledBatch, Scheduler
 from shadowprefill.engine.stats import EngineStats
 from shadowprefill.kv.host_tier import HostTier
@@ -39,10 +37,9 @@ from shadowprefill.kv.spec import KVCacheSpec
 from shadowprefill.kv.stats import PoolStats
 from shadowprefill.model.latency import LatencyModel
 from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
-from shadowprefill.shadow.jobs import ShadowJobQueue, check_token_ids
+from shadowprefill.shadow.jobs import check_token_ids
 from shadowprefill.shadow.predictor import IterationPredictor
 
-logger = logging.getLogger(__name__)
 
 SHADOW_RETRY_S = 0.1   # seconds before an engine retries shadow work that could not run
 
@@ -137,16 +134,14 @@ class LLMEngine:
                                            beta=config.beta, delta=config.delta, margin=config.margin,
                                            n_min=config.n_min, idle_cap_s=config.idle_cap_s)
         self.policy = self.controller.policy
-        self.jobs = ShadowJobQueue(bs, config.default_switch_prob)
         self._stats = EngineStats()
-        self.scheduler = Scheduler(config, self.kv, self._stats, controller=self.controller, jobs=self.jobs,
-                                   overlap=self._overlap)
-        self._shadow_requests: dict[str, tuple[list[int], Request | None, str]] = {}   # Eager: session -> ...
-        self._seq = itertools.count()
+        self.scheduler = Scheduler(config, self.kv, self._stats, controller=self.controller, overlap=self._overlap,
+                                   max_len=self.max_position)
+        self.shadow = self.scheduler.shadow        # shadow work: the scheduler's (engine.shadow_work)
+        self.jobs = self.shadow.jobs
         self._fill_token = self.executor.fill_token   # not None: the executor samples nothing (counted tokens)
         self._in_flight: Iteration | None = None
         self._shadow_retry_at = -math.inf          # shadow work that could not run is retried from then on
-        self._warned_ignored = False
 
     @property
     def tpot_slo(self) -> float:
@@ -199,7 +194,7 @@ class LLMEngine:
                              factor=cfg.slo_factor))
         tpot = float(tpot_slo) if tpot_slo is not None else self.tpot_slo
         replay = None if output_token_ids is None else check_token_ids("output_token_ids", output_token_ids)
-        r = Request(request_id, prompt, max_tokens, prio, now, next(self._seq), session_id=session_id,
+        r = Request(request_id, prompt, max_tokens, prio, now, self.scheduler.next_seq(), session_id=session_id,
                     tenant=tenant, ttft_slo=ttft, tpot_slo=tpot, replay_token_ids=replay, stream=bool(stream),
                     fill_token=self._fill_token, own_prompt=True)      # (check_token_ids made the list)
         if prio is Priority.ROUTED and session_id is not None:
@@ -221,34 +216,20 @@ class LLMEngine:
         """Make `token_ids` (the session's history) the shadow target of this engine (§3.1): an extension
         keeps progress, a rewrite keeps the longest common prefix. What happens is the controller policy's:
         shadow jobs (Harvest, Harvest-SLO), a normal-priority prefill request (Eager), or nothing (none;
-        logged once)."""
-        policy = self.policy
+        logged once). See engine.shadow_work."""
         if not isinstance(session_id, str) or not session_id:
             raise TypeError(f"session_id must be a non-empty str, got {session_id!r}")
-        if policy.runs_jobs:
-            self.jobs.upsert(session_id, token_ids, now=self.clock.now(), switch_prob=switch_prob, tenant=tenant)
+        if self.shadow.add(session_id, token_ids, self.clock.now(), switch_prob=switch_prob, tenant=tenant):
             self._shadow_retry_at = -math.inf
-        elif policy.as_requests:
-            self._submit_shadow_request(session_id, check_token_ids("token_ids", token_ids), tenant)
-        elif not self._warned_ignored:
-            self._warned_ignored = True
-            logger.info("add_shadow ignored: this engine's shadow policy is 'none' (logged once)")
 
     def extend_shadow(self, session_id: str, token_ids) -> None:
         """Append tokens (streamed output) to a session's shadow history; creates no job."""
-        if self.policy.runs_jobs:
-            if session_id in self.jobs:
-                self.jobs.extend(session_id, token_ids, now=self.clock.now())
-                self._shadow_retry_at = -math.inf
-        elif session_id in self._shadow_requests:
-            self._shadow_requests[session_id][0].extend(check_token_ids("token_ids", token_ids))
+        if self.shadow.extend(session_id, token_ids, self.clock.now()):
+            self._shadow_retry_at = -math.inf
 
     def cancel_shadow(self, session_id: str) -> None:
         """Forget a session's shadow work (pages already computed stay cached)."""
-        self.jobs.remove(session_id)
-        entry = self._shadow_requests.pop(session_id, None)
-        if entry is not None and entry[1] is not None and entry[1].status is RequestStatus.WAITING:
-            self.scheduler.abort(entry[1], self.clock.now())
+        self.shadow.cancel(session_id, self.clock.now())
 
     def shadow_progress(self, session_id: str) -> ShadowProgress | None:
         """The session's shadow job here (history, tokens of it believed cached, tenant), or None."""
@@ -272,31 +253,12 @@ class LLMEngine:
         """Sessions with a shadow job here, in the order their work runs (switch probability)."""
         return [job.session_id for job in self.jobs.ordered()]
 
-    def _submit_shadow_request(self, session_id: str, tokens: list[int], tenant: str) -> None:
-        """Eager (Table 2): shadow work as an ordinary normal-priority prefill request; a newer history
-        replaces one still waiting."""
-        now = self.clock.now()
-        old = self._shadow_requests.get(session_id)
-        if old is not None and old[1] is not None and old[1].status is RequestStatus.WAITING:
-            self.scheduler.abort(old[1], now)
-        tokens = tokens[:self.config.num_blocks * self.config.block_size]   # what the pool can ever hold
-        if self.max_position is not None:
-            tokens = tokens[:self.max_position]
-        if not tokens:
-            return
-        rid = f"__shadow__:{session_id}:{next(self._seq)}"
-        r = Request(rid, tokens, 0, Priority.NORMAL, now, next(self._seq), session_id=session_id, tenant=tenant,
-                    prefill_only=True, internal=True)
-        self._shadow_requests[session_id] = (list(tokens), r, tenant)
-        self.scheduler.add(r)
-
     # ---------------------------------------------------------------------------------------- step
     def has_work(self) -> bool:
         """Requests queued or running, or shadow work that can run now."""
         if self.scheduler.has_unfinished():
             return True
-        return (self.policy.runs_jobs and self.clock.now() >= self._shadow_retry_at
-                and self.jobs.has_runnable(self.config.n_min))
+        return self.clock.now() >= self._shadow_retry_at and self.shadow.has_runnable(self.config.n_min)
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration on the engine's clock; outputs of streaming requests that got a token and of

@@ -23,9 +23,10 @@ in the prefix cache and frees finished requests' pages.
 from __future__ import annotations
 
 import bisect
+import itertools
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.kv.manager import PrefixMatch
-from shadowprefill.shadow.jobs import complete, take
+from shadowprefill.engine.shadow_work import ShadowWork
 from shadowprefill.shadow.view import IterationView, decode_contexts, prefill_pairs
 
 ADMISSIONS = ("fcfs", "routed-first")
@@ -99,19 +100,21 @@ class ScheduledBatch:
 
 class Scheduler:
     """Waiting queue(s), the running set, the KV calls of admission / growth, request lifecycles, and the
-    shadow phase of each iteration: `controller` (shadow.controller.ShadowController) budgets it and the
-    shadow `jobs` (shadow.jobs.ShadowJobQueue) spend it (shadow/spend.py). `overlap`: the latency model's
-    `overlapped_time` (host-tier reloads beside compute). `stats` (engine.stats.EngineStats) is written here
-    only."""
+    shadow work (`self.shadow`, engine.shadow_work.ShadowWork; with a `controller`,
+    shadow.controller.ShadowController, whose budget is the last phase of `schedule`). `overlap`: the
+    latency model's `overlapped_time` (host-tier reloads beside compute); `max_len`: the longest request
+    (Eager's shadow requests are cut to it). `stats` (engine.stats.EngineStats) is written here only."""
 
-    def __init__(self, config, kv, stats, *, controller=None, jobs=None, overlap=None) -> None:
+    def __init__(self, config, kv, stats, *, controller=None, overlap=None, max_len: int | None = None) -> None:
         self.config = config
         self.kv = kv
         self.stats = stats                            # engine.stats.EngineStats: every counter
         self.controller = controller
-        self.jobs = jobs
-        self.overlap = overlap
-        self._runs_jobs = controller is not None and jobs is not None and controller.policy.runs_jobs
+        self.shadow = None if controller is None else ShadowWork(
+            self, controller, block_size=config.block_size, default_switch_prob=config.default_switch_prob,
+            overlap=overlap, max_len=max_len)
+        self._runs_jobs = controller is not None and controller.policy.runs_jobs
+        self._seq = itertools.count()
         self.block_size = config.block_size
         self.fcfs = config.admission == "fcfs"
         self._rank = _rank_fcfs if self.fcfs else _rank_routed_first
@@ -125,6 +128,10 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------ queues
     def _queue(self, r: Request) -> list[Request]:
         return self.waiting[Priority.ROUTED if self.fcfs else r.priority]
+
+    def next_seq(self) -> int:
+        """The next arrival number (requests are ranked by it)."""
+        return next(self._seq)
 
     def add(self, request: Request) -> None:
         """Take a new request (its id must not be in use)."""
@@ -166,7 +173,7 @@ class Scheduler:
         self.kv.poll(now)                             # retire completed side-stream copies
         batch = self._schedule_requests(now)
         if self._runs_jobs:
-            self._shadow_phase(batch, now)
+            self.shadow.phase(batch, now)             # Alg. 1: the controller's budget, spent on shadow jobs
         if not batch.is_empty:
             kv = self.kv
             kv.start_reloads()                        # this iteration's layer-wise reloads, then those of
@@ -174,21 +181,8 @@ class Scheduler:
                 kv.start_reloads()
         return batch
 
-    def _shadow_phase(self, batch: ScheduledBatch, now: float) -> None:
-        """Alg. 1: plan on the routed/normal part of the batch (lines 1-12), spend on the jobs (line 15)."""
-        jobs, kv = self.jobs, self.kv
-        has_jobs = len(jobs) > 0
-        budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)), has_jobs)
-        if not has_jobs:
-            return
-        chunks = take(jobs, budget, kv, now, overlap=self.overlap)
-        if chunks:
-            batch.shadow_chunks = chunks
-            batch.reload_tokens += sum(c.host_tokens for c in chunks)
-            if budget.branch != "credit":             # b bounds the whole iteration (credit: the added time)
-                batch.budget_s = budget.seconds
-
-    def _free_shadow_tokens(self, limit: int, now: float) -> int:
+    def free_shadow_tokens(self, limit: int, now: float) -> int:
+        """Line 11: tokens of KV a shadow chunk may take now (free or cold pages in the cap), at most limit."""
         bs = self.block_size
         return self.kv.free_blocks(now=now, shadow=True, limit=limit // bs) * bs
 
@@ -474,7 +468,7 @@ class Scheduler:
         shape = (batch.shape() if ctl is not None and self.config.refit_predictor and not batch.reload_tokens
                  and not batch.prefetched_tokens else None)
         outputs = self._apply_tokens(batch, tokens, now)
-        shadow_tokens = complete(self.jobs, batch.shadow_chunks, self.kv, now) if batch.shadow_chunks else 0
+        shadow_tokens = self.shadow.complete(batch, now) if batch.shadow_chunks else 0
         if ctl is not None:
             ctl.end_iteration(duration, busy=batch.has_requests, decode_only=batch.is_decode_only)
             if shape is not None:
