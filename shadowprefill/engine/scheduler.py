@@ -213,7 +213,7 @@ class Scheduler:
                 continue
             if computed % bs == 0 and computed // bs >= len(r.block_ids):   # (a partly filled page has room)
                 batch.num_tokens = nd
-                grown = self._grow(r, computed // bs + 1 - len(r.block_ids), now, batch)
+                grown = self._grow(r, 1, now, batch)
                 nd, n_running = len(decodes), len(running)
                 if not grown:
                     i -= 1                           # r itself was preempted (it was last)
@@ -234,8 +234,7 @@ class Scheduler:
             if r.status is not RequestStatus.RUNNING:  # preempted by an earlier chunk of this pass
                 continue
             n = min(r.num_remaining, limit - batch.num_tokens)
-            need = (r.num_computed_tokens + n + bs - 1) // bs - len(r.block_ids)
-            if need > 0 and not self._grow(r, need, now, batch):
+            if not self._grow(r, n, now, batch):
                 continue
             batch.prefills.append((r, n))
             r.sched_stamp = stamp
@@ -282,8 +281,7 @@ class Scheduler:
         routed = r.priority is Priority.ROUTED
         # Leave at least one token to compute: its logits give the next token.
         total = r.num_tokens
-        match = kv.match_prefix(r.token_ids_upto(total), now=now, tenant=r.tenant, promote=routed,
-                                max_tokens=total - 1)
+        match = kv.get_computed_blocks(r, now=now, max_tokens=total - 1, promote=routed)
         reload, ahead = match.host_tokens, r.prefetch
         if ahead:       # reloaded ahead: those pages are on the device now, held by `match` too
             self._drop_prefetch(r, now)
@@ -295,19 +293,18 @@ class Scheduler:
                                 min(shadow, match.num_tokens), match.ready_event)
         cached = match.num_tokens
         n = min(total - cached, budget)
-        need = (cached + n + bs - 1) // bs - len(match.block_ids)
-        new_blocks = kv.allocate(need, now=now) if need > 0 else []
+        new_blocks = kv.allocate_slots(r, n, now=now, num_computed_tokens=cached)
         while new_blocks is None and routed and not self.fcfs:     # routed-first: routed may preempt normal
             victim = self._last_normal_running()
             if victim is None:
                 break
             if not self._release_prefetches(now):
                 self._preempt(victim, now, batch)
-            new_blocks = kv.allocate(need, now=now)
+            new_blocks = kv.allocate_slots(r, n, now=now, num_computed_tokens=cached)
         if new_blocks is None:
-            kv.free(match.block_ids, now=now)
+            kv.free(r, now=now)                                     # its prefix pages (they stay cached)
             return 0
-        r.block_ids = list(match.block_ids) + new_blocks
+        r.block_ids = kv.block_table(r)                             # the manager's list (read-only here)
         r.num_computed_tokens = cached
         r.num_committed_blocks = cached // bs
         r.check_at = 0
@@ -335,13 +332,11 @@ class Scheduler:
         last = self.running[-1] if self.running else None
         return last if last is not None and last.priority is not Priority.ROUTED else None
 
-    def _grow(self, r: Request, need: int, now: float, batch: ScheduledBatch) -> bool:
-        """Give running request r `need` more pages, preempting the lowest-ranked running requests
-        (possibly r itself) until they fit. False if r was preempted."""
+    def _grow(self, r: Request, num_new_tokens: int, now: float, batch: ScheduledBatch) -> bool:
+        """Give running request r the pages for `num_new_tokens` more tokens, preempting the lowest-ranked
+        running requests (possibly r itself) until they fit. False if r was preempted."""
         while True:
-            blocks = self.kv.allocate(need, now=now)
-            if blocks is not None:
-                r.block_ids.extend(blocks)
+            if self.kv.allocate_slots(r, num_new_tokens, now=now) is not None:
                 return True
             if self._release_prefetches(now):    # a reload ahead never costs a running request its pages
                 continue
@@ -369,7 +364,7 @@ class Scheduler:
 
     def _free(self, r: Request, now: float) -> None:
         self._commit_full_pages(r, now)
-        self.kv.free(r.block_ids, now=now)
+        self.kv.free(r, now=now)
         r.block_ids = []
         r.num_committed_blocks = 0
         r.check_at = 0
@@ -380,7 +375,7 @@ class Scheduler:
         computed = r.num_computed_tokens
         full = computed // self.block_size
         if full > r.num_committed_blocks:   # (commit registers min(pages, computed // bs) pages: no list copies)
-            self.kv.commit(r.block_ids, r.token_ids_upto(computed), now=now, tenant=r.tenant, num_tokens=computed)
+            self.kv.cache(r, now=now, num_tokens=computed)
             r.num_committed_blocks = full
             r.check_at = 0
 
