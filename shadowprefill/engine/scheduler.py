@@ -234,8 +234,8 @@ class Scheduler:
             if r.status is not RequestStatus.RUNNING:  # preempted by an earlier chunk of this pass
                 continue
             n = min(r.num_remaining, limit - batch.num_tokens)
-            if not self._grow(r, n, now, batch):
-                continue
+            if r.num_computed_tokens + n > len(r.block_ids) * bs and not self._grow(r, n, now, batch):
+                continue                             # (its pages hold the chunk unless it needs more)
             batch.prefills.append((r, n))
             r.sched_stamp = stamp
             batch.num_tokens += n

@@ -136,20 +136,23 @@ class KVCacheManager:
         if table is None:
             table = self._tables[request.request_id] = []
         computed = request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
-        need = (computed + num_new_tokens + self.block_size - 1) // self.block_size - len(table)
+        bs = self.block_size
+        need = (computed + num_new_tokens + bs - 1) // bs - len(table)
         if need <= 0:
             return []
         blocks = self._core.allocate(need, now, shadow)
         if blocks is not None:
-            table.extend(blocks)
+            table += blocks
         return blocks
 
     def cache(self, request, *, now: float, num_tokens: int | None = None) -> int:
         """Register the request's full pages among its first `num_tokens` (default: its computed) tokens in
         the prefix index (see commit)."""
         n = request.num_computed_tokens if num_tokens is None else num_tokens
-        return self.commit(self._tables.get(request.request_id, []), request.token_ids_upto(n), now=now,
-                           tenant=request.tenant, num_tokens=n)
+        tokens = request.token_ids_upto(n)
+        if tokens.__class__ is not list:
+            tokens = as_token_sequence(tokens)
+        return self._core.commit(self._tables.get(request.request_id, []), tokens, now, request.tenant, n, None)
 
     # ---- queries (no state change) ---------------------------------------------------------------------
     @property
