@@ -116,14 +116,17 @@ class KVCacheManager:
         """The request's pages in token order (empty if it holds none). Read-only for the caller."""
         return self._tables.get(request.request_id, [])
 
-    def get_computed_blocks(self, request, *, now: float, max_tokens: int, promote: bool = False) -> PrefixMatch:
+    def get_computed_blocks(self, request, *, now: float, max_tokens: int, promote: bool = False,
+                            shadow: bool = False, hashes: PageHashes | None = None) -> PrefixMatch:
         """Take the longest cached prefix (at most `max_tokens` tokens) of a request that holds no pages:
-        they become its first pages. promote=True: a routed request (hit shadow pages turn normal, §3.3)."""
+        they become its first pages. promote=True: a routed request (hit shadow pages turn normal, §3.3);
+        shadow=True: shadow work (host-tier reloads go to shadow-class pages); `hashes`: the token list's
+        kept chain (see hash_chain)."""
         rid = request.request_id
         if self._tables.get(rid):
             raise ValueError(f"request {rid!r} already holds pages; free it first")
         match = self.match_prefix(request.token_ids_upto(max_tokens), now=now, tenant=request.tenant,
-                                  promote=promote, max_tokens=max_tokens)
+                                  shadow=shadow, promote=promote, max_tokens=max_tokens, hashes=hashes)
         self._tables[rid] = match.block_ids
         return match
 
@@ -145,14 +148,14 @@ class KVCacheManager:
             table += blocks
         return blocks
 
-    def cache(self, request, *, now: float, num_tokens: int | None = None) -> int:
+    def cache(self, request, *, now: float, num_tokens: int | None = None, hashes: PageHashes | None = None) -> int:
         """Register the request's full pages among its first `num_tokens` (default: its computed) tokens in
-        the prefix index (see commit)."""
+        the prefix index (see commit; `hashes`: the token list's kept chain)."""
         n = request.num_computed_tokens if num_tokens is None else num_tokens
         tokens = request.token_ids_upto(n)
         if tokens.__class__ is not list:
             tokens = as_token_sequence(tokens)
-        return self._core.commit(self._tables.get(request.request_id, []), tokens, now, request.tenant, n, None)
+        return self._core.commit(self._tables.get(request.request_id, []), tokens, now, request.tenant, n, hashes)
 
     # ---- queries (no state change) ---------------------------------------------------------------------
     @property

@@ -209,16 +209,23 @@ class ShadowJobQueue:
         return sum(j.pending_tokens(self.block_size) for j in self._jobs.values())
 
 
+_chunk_ids = itertools.count()
+
+
 class ShadowChunk:
     """Shadow work of one iteration: tokens [start, start + num_new) of a job's history, written into
-    shadow-class pages; produces no token. Holds page references only while in flight. `host_tokens`: the
-    cached prefix tokens reloaded from the host tier for it (the forward waits on `ready_event`)."""
+    shadow-class pages; produces no token. To the KV cache manager it is a short-lived request (its
+    request-shaped calls: `request_id`, `tenant`, `num_computed_tokens`, `token_ids_upto`) that holds its
+    pages only while in flight. `host_tokens`: the cached prefix tokens reloaded from the host tier for it
+    (the forward waits on `ready_event`)."""
 
     __slots__ = ("job", "token_ids", "start", "num_new", "block_ids", "version", "ready_event", "page_hashes",
-                 "host_tokens")
+                 "host_tokens", "request_id", "tenant")
 
     def __init__(self, job: ShadowJob, start: int, num_new: int, block_ids: list[int], ready_event=None,
                  host_tokens: int = 0) -> None:
+        self.request_id = f"__shadow_chunk__:{job.session_id}:{next(_chunk_ids)}"
+        self.tenant = job.tenant
         self.job = job
         self.token_ids = job.token_ids      # the history; [0, start + num_new) is what the chunk computes
         self.page_hashes = job.page_hashes  # token_ids' kv.PageHashes
@@ -233,21 +240,29 @@ class ShadowChunk:
     def new_token_ids(self) -> list[int]:
         return self.token_ids[self.start:self.start + self.num_new]
 
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.start
+
+    def token_ids_upto(self, n: int) -> list[int]:
+        """The job's history (the live list; it holds at least `n` tokens)."""
+        return self.token_ids
+
     def __repr__(self) -> str:
         return f"ShadowChunk({self.job.session_id!r}, [{self.start}, {self.start + self.num_new}))"
 
 
 class _JobHost:
-    """The engine's shadow jobs as `spend.spend_budget` sees them (its `SpendHost`): `locate` matches a job's
-    history in the prefix cache (holding the hit pages), `allocate` takes shadow-class pages for the chunk,
-    `release` drops the hit pages of a job that got no chunk."""
+    """The engine's shadow jobs as `spend.spend_budget` sees them (its `SpendHost`). Each chunk is a request
+    to the KV cache manager: `locate` gets its computed (cached) pages, `allocate` its shadow-class slots,
+    `release` frees a chunk that was not taken."""
 
-    __slots__ = ("block_size", "kv", "now", "budget", "overlap", "host_aware", "_match", "chunks")
+    __slots__ = ("block_size", "kv", "now", "budget", "overlap", "host_aware", "_chunk", "chunks")
 
     def __init__(self, queue: ShadowJobQueue, budget, kv, now: float, overlap) -> None:
         self.block_size, self.kv, self.now, self.budget, self.overlap = queue.block_size, kv, now, budget, overlap
         self.host_aware = overlap is not None and kv.has_host_tier
-        self._match = None
+        self._chunk: ShadowChunk | None = None
         self.chunks: list[ShadowChunk] = []
 
     def estimate(self, job: ShadowJob) -> tuple[int, int]:
@@ -266,26 +281,27 @@ class _JobHost:
                 if k - k % bs < budget.n_min:
                     job.num_cached = dev + host
                     return None
-        match = self._match = kv.match_prefix(job.token_ids, now=self.now, tenant=job.tenant, shadow=True,
-                                              max_tokens=limit, hashes=job.page_hashes)
-        start = job.num_cached = match.num_tokens
+        chunk = self._chunk = ShadowChunk(job, 0, 0, [])
+        match = kv.get_computed_blocks(chunk, now=self.now, max_tokens=limit, shadow=True, hashes=job.page_hashes)
+        chunk.start = job.num_cached = match.num_tokens
+        chunk.ready_event, chunk.host_tokens = match.ready_event, match.host_tokens
         reload = (self.overlap, match.host_tokens) if match.host_tokens and self.overlap is not None else None
-        return start, limit - start, reload
+        return chunk.start, limit - chunk.start, reload
 
     def allocate(self, job: ShadowJob, context: int, n: int) -> bool:
-        blocks = self.kv.allocate(n // self.block_size, now=self.now, shadow=True)
-        if blocks is None:
+        chunk = self._chunk
+        if self.kv.allocate_slots(chunk, n, now=self.now, shadow=True) is None:
             return False
-        match, self._match = self._match, None
-        # the job's token list is only appended to (a rewrite replaces it): no O(context) snapshot copy
-        self.chunks.append(ShadowChunk(job, context, n, match.block_ids + blocks, match.ready_event,
-                                       match.host_tokens))
+        self._chunk = None
+        chunk.num_new = n
+        chunk.block_ids = self.kv.block_table(chunk)
+        self.chunks.append(chunk)
         return True
 
     def release(self, job: ShadowJob) -> None:
-        if self._match is not None:
-            self.kv.free(self._match.block_ids, now=self.now)
-            self._match = None
+        if self._chunk is not None:
+            self.kv.free(self._chunk, now=self.now)
+            self._chunk = None
 
 
 def take(queue: ShadowJobQueue, budget, kv, now: float, *, overlap=None) -> list[ShadowChunk]:
@@ -316,8 +332,8 @@ def complete(queue: ShadowJobQueue, chunks: list[ShadowChunk], kv, now: float) -
     for c in chunks:
         end = c.start + c.num_new
         hashes = c.page_hashes if c.page_hashes is not None and c.page_hashes.tokens is c.token_ids else None
-        kv.commit(c.block_ids, c.token_ids, now=now, tenant=c.job.tenant, num_tokens=end, hashes=hashes)
-        kv.free(c.block_ids, now=now)
+        kv.cache(c, now=now, num_tokens=end, hashes=hashes)
+        kv.free(c, now=now)
         job = c.job
         job.tokens_computed += c.num_new
         if queue.get(job.session_id) is job and job.version == c.version and end > job.num_cached:
