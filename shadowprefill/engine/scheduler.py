@@ -455,7 +455,7 @@ class Scheduler:
         (decodes first, then sampling prefills: the order of batch.samples), record f_r and k_r (Eq. 1),
         finish requests, register filled pages, then the shadow side: register the shadow chunks' pages,
         accrue credit, refit t̂, count. `tokens` None (a simulated executor): every sample's token is its
-        request's next known one (Request.fill_token past a replay), counted, not appended. Returns a
+        request's next known one (its OutputReplay: the replayed output, then fill_token), counted, not appended. Returns a
         RequestOutput per streaming user request that got a token, and per user request that finished."""
         # t̂ models compute: an iteration that waited on host-tier copies is not observed (its time is not
         # a function of the batch's features); the shape is taken before the contexts advance
