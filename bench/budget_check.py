@@ -18,7 +18,8 @@ reads a median of about 0.25 at the peak hour), and for iterations given shadow 
 budget (SLO-slack or idle branch) their executed duration / b: above 1 the controller overspent its slack
 (engine stats `shadow_over_budget`, `shadow_budget_ratio_max`).
 
-The classification wraps `shadow.jobs.take` and `LLMEngine.schedule_step` for the run (a diagnostic; the
+The classification wraps `shadow.jobs.take` (as the scheduler's shadow phase, engine/shadow_work.py, calls it)
+and `LLMEngine.schedule_step` for the run (a diagnostic; the
 engine's behaviour is unchanged).
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import shadowprefill.engine.llm_engine as llm_engine  # noqa: E402
+import shadowprefill.engine.shadow_work as shadow_work  # noqa: E402
 from shadowprefill.cluster.call_stats import percentile  # noqa: E402
 from shadowprefill.sim import experiment  # noqa: E402
 from shadowprefill.sim.capacity import normal_rates  # noqa: E402
@@ -57,7 +59,7 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
     reasons: collections.Counter = collections.Counter()
     over_t: dict[str, list[float]] = collections.defaultdict(list)
     over_b: list[float] = []
-    take, schedule_step = llm_engine.take, llm_engine.LLMEngine.schedule_step
+    take, schedule_step = shadow_work.take, llm_engine.LLMEngine.schedule_step
 
     def classify(queue, budget, kv, now, *, overlap=None):
         chunks = take(queue, budget, kv, now, overlap=overlap)
@@ -87,11 +89,11 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
                 over_b.append(it.duration / it.budget_s)
         return it
 
-    llm_engine.take, llm_engine.LLMEngine.schedule_step = classify, timed_step
+    shadow_work.take, llm_engine.LLMEngine.schedule_step = classify, timed_step
     try:
         result = experiment.run_policy(exp, policy, sessions, rates)
     finally:
-        llm_engine.take, llm_engine.LLMEngine.schedule_step = take, schedule_step
+        shadow_work.take, llm_engine.LLMEngine.schedule_step = take, schedule_step
     return {"reasons": reasons, "branches": collections.Counter(result.extra["budget_branches"]),
             "iteration_over_T": over_t, "filled_over_b": over_b, "wall_s": result.extra["wall_s"]}
 

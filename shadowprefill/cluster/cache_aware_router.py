@@ -66,7 +66,7 @@ class FixedRouter:
 
     name = "fixed"
 
-    def route_call(self, session: Session, call_index: int, history: Sequence[str], warm=None) -> str:
+    def route(self, session: Session, call_index: int, history: Sequence[str], warm=None) -> str:
         _check_call(session, call_index, history)
         return session.calls[call_index].model
 
@@ -139,7 +139,9 @@ class CostQualityRouter:
             opts.append(RouteOption(m, cached[m], prices[m], miss, prices[m] + penalty))
         return opts
 
-    def route_call(self, session: Session, call_index: int, history: Sequence[str], warm: WarmView) -> str:
+    def route(self, session: Session, call_index: int, history: Sequence[str], warm: WarmView | None = None) -> str:
+        if warm is None:
+            raise ValueError(f"warm: {type(self).__name__} prices the cache; pass a WarmView of the call's prompt")
         opts = self.options(session, call_index, history, warm)
         current = history[-1] if history else None
         needed = session.calls[call_index].model

@@ -29,8 +29,13 @@ from shadowprefill.cluster.workloads import Session
 
 
 class Router(Protocol):
-    def route(self, session, call_index: int, history: Sequence[str]) -> str:
-        """Model for call `call_index` of `session`, given the models of its earlier calls."""
+    """The one router interface: the per-step routers here, the cost/quality call routers
+    (cache_aware_router.py) and whatever a user plugs into the simulator."""
+
+    def route(self, session, call_index: int, history: Sequence[str], warm=None) -> str:
+        """Model for call `call_index` of `session`, given the models of its earlier calls and, where the
+        caller has one, `warm`: a read-only view of what each model caches of the call's prompt
+        (cluster.warm_view.WarmView; routers that do not price the cache ignore it)."""
 
 
 def _check_call(session, call_index: int, history: Sequence[str], recorded: bool = True) -> None:
@@ -78,7 +83,7 @@ class ReplayRouter:
     def __init__(self, model_map: Mapping[str, str] | None = None) -> None:
         self.model_map = dict(model_map or {})
 
-    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
+    def route(self, session: Session, call_index: int, history: Sequence[str], warm=None) -> str:
         _check_call(session, call_index, history)
         recorded = session.calls[call_index].model
         return self.model_map.get(recorded, recorded)
@@ -105,7 +110,7 @@ class MarkovRouter:
             others = [o for o in self.models if o != m]
             self.targets[m] = (others, _weights((targets or {}).get(m), others, f"targets[{m!r}]") if others else [])
 
-    def route(self, session, call_index: int, history: Sequence[str]) -> str:
+    def route(self, session, call_index: int, history: Sequence[str], warm=None) -> str:
         _check_call(session, call_index, history, recorded=False)
         rng = _call_rng(self.seed, session, call_index)
         if call_index == 0:
@@ -127,7 +132,7 @@ class RandomRouter:
         self.weights = _weights(weights, self.models, "weights")
         self.seed = seed
 
-    def route(self, session, call_index: int, history: Sequence[str]) -> str:
+    def route(self, session, call_index: int, history: Sequence[str], warm=None) -> str:
         _check_call(session, call_index, history, recorded=False)
         return _call_rng(self.seed, session, call_index).choices(self.models, self.weights)[0]
 
@@ -170,7 +175,7 @@ class CallableRouter:
         self.fn = fn
         self.models = None if models is None else set(_models(models))
 
-    def route(self, session: Session, call_index: int, history: Sequence[str]) -> str:
+    def route(self, session: Session, call_index: int, history: Sequence[str], warm=None) -> str:
         _check_call(session, call_index, history)
         model = self.fn(CallContext(session, call_index, tuple(history)))
         if not isinstance(model, str) or not model:

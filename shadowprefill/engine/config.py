@@ -1,9 +1,8 @@
-"""Engine configuration: KV pool, batching limits and the shadow-prefill controller's parameters.
+"""Engine configuration: KV pool, batching limits, and the shadow-prefill controller's settings
+(`shadow.policy.ShadowSettings`, declared once for the engine and the vLLM plugin).
 
-Defaults follow the ShadowPrefill paper: 2,048-token chunked-prefill budget and 256 sequences (§4),
-β = 0.5 (§3.2), δ = 0.025 for Harvest-SLO and 0.1 for Harvest (§3.2, Table 2), n_min = 256 tokens
-(appendix C), shadow class capped at 25% of the pool with 5 s cold age (§3.3). The paper does not state
-its default SLO margin m (Figure 15e sweeps 0-0.4); we use 0.1.
+Defaults follow the ShadowPrefill paper: 2,048-token chunked-prefill budget and 256 sequences (§4); the
+controller's defaults are listed in `ShadowSettings`.
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from shadowprefill.engine.scheduler import ADMISSIONS
-from shadowprefill.shadow.policy import BETA, COLD_AGE_S, MARGIN, N_MIN, SHADOW_FRACTION, SHADOW_POLICIES
+from shadowprefill.shadow.policy import SHADOW_POLICIES, ShadowSettings
 
 SHADOW_MODES = tuple(SHADOW_POLICIES)
 
@@ -33,8 +32,8 @@ def _check_number(name: str, value, minimum: float = 0.0, allow_none: bool = Fal
         raise ValueError(f"{name} must be in [{minimum}, {maximum}], got {value}")
 
 
-@dataclass
-class EngineConfig:
+@dataclass(frozen=True)
+class EngineConfig(ShadowSettings):
     """Everything one engine instance needs besides its model / executor.
 
     KV pool: `num_blocks` pages of `block_size` tokens; `shadow_fraction` of them at most hold shadow
@@ -49,11 +48,11 @@ class EngineConfig:
 
     Shadow prefill (`shadow_mode`, a `shadow.policy` name): "harvest-slo" (Algorithm 1 with the SLO-slack
     controller; the default), "harvest" (fixed credit on busy iterations), "eager" (shadow jobs as
-    normal-priority requests), "none" (No Shadow: `add_shadow` is ignored). `beta`: idle/iteration cap as a fraction of the TPOT SLO; `delta`: credit rate (None: the
-    mode's default); `margin`: SLO margin m of Eq. 1; `n_min`: smallest shadow chunk;
-    `idle_cap_s`: overrides β·T as the cap of shadow-only iterations; `default_switch_prob`: a job's
-    probability when the caller gives none (the Predictive gate is the orchestration core's:
-    `cluster.ClusterManager(min_switch_prob=...)`).
+    normal-priority requests), "none" (No Shadow: `add_shadow` is ignored). The controller's settings
+    (`beta`, `delta`, `margin`, `n_min`, `shadow_fraction`, `cold_age_s`, `tpot_slo_s`, `ttft_slo_s`) are
+    `ShadowSettings`' (keyword-only). `idle_cap_s`: overrides β·T as the cap of shadow-only iterations;
+    `default_switch_prob`: a job's probability when the caller gives none (the Predictive gate is the
+    orchestration core's: `cluster.ClusterManager(min_switch_prob=...)`).
 
     SLOs: `ttft_slo_s` / `tpot_slo_s` fix the per-request SLOs; None applies the paper's rule (§5.1)
     TTFT <= max(`min_ttft_slo_s`, 5 x isolated prefill), TPOT <= max(`min_tpot_slo_s`, 5 x batch-1
@@ -66,18 +65,10 @@ class EngineConfig:
     max_seqs: int = 256
     admission: str = "fcfs"
     shadow_mode: str = "harvest-slo"
-    beta: float = BETA
-    delta: float | None = None
-    margin: float = MARGIN
-    n_min: int = N_MIN
-    shadow_fraction: float = SHADOW_FRACTION
-    cold_age_s: float = COLD_AGE_S
     host_tier_gib: float = 0.0
     page_bytes: int = 0
     idle_cap_s: float | None = None
     default_switch_prob: float = 0.5
-    ttft_slo_s: float | None = None
-    tpot_slo_s: float | None = None
     min_ttft_slo_s: float = 1.0
     min_tpot_slo_s: float = 0.025
     slo_factor: float = 5.0
@@ -87,26 +78,19 @@ class EngineConfig:
     refit_predictor: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_int("num_blocks", self.num_blocks, 1)
         _check_int("block_size", self.block_size, 1)
         _check_int("token_budget", self.token_budget, 1)
         _check_int("max_seqs", self.max_seqs, 1)
-        _check_int("n_min", self.n_min, 0)
         if self.shadow_mode not in SHADOW_MODES:
             raise ValueError(f"shadow_mode must be one of {SHADOW_MODES}, got {self.shadow_mode!r}")
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
-        _check_number("beta", self.beta)
-        _check_number("delta", self.delta, allow_none=True)
-        _check_number("margin", self.margin, maximum=0.999)
-        _check_number("shadow_fraction", self.shadow_fraction, maximum=1.0)
-        _check_number("cold_age_s", self.cold_age_s)
         _check_number("host_tier_gib", self.host_tier_gib)
         _check_int("page_bytes", self.page_bytes, 0)
         _check_number("idle_cap_s", self.idle_cap_s, allow_none=True)
         _check_number("default_switch_prob", self.default_switch_prob, maximum=1.0)
-        _check_number("ttft_slo_s", self.ttft_slo_s, allow_none=True)
-        _check_number("tpot_slo_s", self.tpot_slo_s, allow_none=True)
         _check_number("min_ttft_slo_s", self.min_ttft_slo_s)
         _check_number("min_tpot_slo_s", self.min_tpot_slo_s)
         _check_number("slo_factor", self.slo_factor)

@@ -1,14 +1,14 @@
 """LLMEngine: one serving instance — scheduler, KV cache manager, shadow controller, executor, clock.
 
-One iteration, in the shape nano-vllm made familiar (DESIGN.md §5):
+One iteration, in the shape nano-vllm made familiar (DESIGN.md §5), three calls:
 
-    batch  = scheduler.schedule(now)                  # decodes, prefill chunks, admissions
-    budget = controller.plan(batch.view(...))         # Algorithm 1 lines 1-12 (shadow/controller.py)
-    batch.shadow_chunks = take(jobs, budget, kv, now) # line 15 (shadow/jobs.py)
-    kv.start_reloads(); scheduler.prefetch(now, batch) # layer-wise reloads, then the next admissions' (ahead)
-    result = executor.execute(batch)                  # a real forward, or a latency model's duration
-    outputs = scheduler.postprocess(batch, tokens)    # tokens, finishes, prefix-cache registration
-    complete(jobs, chunks, kv); controller.end_iteration(...); predictor.observe(...)
+    batch   = scheduler.schedule(now)          # decodes, prefill chunks, admissions; last, the shadow phase:
+                                               # controller.plan (Alg. 1 lines 1-12) spent on the shadow jobs
+                                               # (line 15, shadow/spend.py); then the host-tier reloads
+    result  = executor.execute(batch)          # a real forward, or a latency model's duration
+    outputs = scheduler.postprocess(batch, result.tokens, now, result.duration)
+                                               # tokens, finishes, prefix-cache registration, shadow pages,
+                                               # credit, t̂ refit, stats (written there only)
 
     engine = LLMEngine(model, EngineConfig(num_blocks=512))          # Harvest-SLO by default
     engine.add_request("r1", prompt, max_tokens=32, priority="routed", session_id="s1")
@@ -22,15 +22,13 @@ together, advancing the engine's own clock.
 """
 from __future__ import annotations
 
-import itertools
-import logging
 import math
 from typing import NamedTuple
 
 from shadowprefill.engine.clock import Clock, VirtualClock, WallClock
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.executor import Executor, ModelExecutor, SimulatedExecutor
-from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
+from shadowprefill.engine.request import Priority, Request, RequestOutput
 from shadowprefill.engine.scheduler import ScheduledBatch, Scheduler
 from shadowprefill.engine.stats import EngineStats
 from shadowprefill.kv.host_tier import HostTier
@@ -39,10 +37,9 @@ from shadowprefill.kv.spec import KVCacheSpec
 from shadowprefill.kv.stats import PoolStats
 from shadowprefill.model.latency import LatencyModel
 from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
-from shadowprefill.shadow.jobs import ShadowJobQueue, check_token_ids, complete, take
+from shadowprefill.shadow.jobs import check_token_ids
 from shadowprefill.shadow.predictor import IterationPredictor
 
-logger = logging.getLogger(__name__)
 
 SHADOW_RETRY_S = 0.1   # seconds before an engine retries shadow work that could not run
 
@@ -58,12 +55,15 @@ class ShadowProgress(NamedTuple):
 class Iteration:
     """A scheduled and executed iteration awaiting `complete_step`."""
 
-    __slots__ = ("batch", "tokens", "duration", "start", "budget_s")
+    __slots__ = ("batch", "tokens", "duration", "start")
 
-    def __init__(self, batch: ScheduledBatch, tokens: list[int], duration: float, start: float,
-                 budget_s: float = 0.0) -> None:
+    def __init__(self, batch: ScheduledBatch, tokens: list[int], duration: float, start: float) -> None:
         self.batch, self.tokens, self.duration, self.start = batch, tokens, duration, start
-        self.budget_s = budget_s    # b, when shadow chunks joined under a whole-iteration budget; else 0
+
+    @property
+    def budget_s(self) -> float:
+        """b, when shadow chunks joined under a whole-iteration budget; else 0."""
+        return self.batch.budget_s
 
 
 class LLMEngine:
@@ -134,15 +134,14 @@ class LLMEngine:
                                            beta=config.beta, delta=config.delta, margin=config.margin,
                                            n_min=config.n_min, idle_cap_s=config.idle_cap_s)
         self.policy = self.controller.policy
-        self.jobs = ShadowJobQueue(bs, config.default_switch_prob)
         self._stats = EngineStats()
-        self.scheduler = Scheduler(config, self.kv, self._stats, on_admit=self._on_admit)
-        self._shadow_requests: dict[str, tuple[list[int], Request | None, str]] = {}   # Eager: session -> ...
-        self._seq = itertools.count()
+        self.scheduler = Scheduler(config, self.kv, self._stats, controller=self.controller, overlap=self._overlap,
+                                   max_len=self.max_position)
+        self.shadow = self.scheduler.shadow        # shadow work: the scheduler's (engine.shadow_work)
+        self.jobs = self.shadow.jobs
         self._fill_token = self.executor.fill_token   # not None: the executor samples nothing (counted tokens)
         self._in_flight: Iteration | None = None
         self._shadow_retry_at = -math.inf          # shadow work that could not run is retried from then on
-        self._warned_ignored = False
 
     @property
     def tpot_slo(self) -> float:
@@ -195,7 +194,7 @@ class LLMEngine:
                              factor=cfg.slo_factor))
         tpot = float(tpot_slo) if tpot_slo is not None else self.tpot_slo
         replay = None if output_token_ids is None else check_token_ids("output_token_ids", output_token_ids)
-        r = Request(request_id, prompt, max_tokens, prio, now, next(self._seq), session_id=session_id,
+        r = Request(request_id, prompt, max_tokens, prio, now, self.scheduler.next_seq(), session_id=session_id,
                     tenant=tenant, ttft_slo=ttft, tpot_slo=tpot, replay_token_ids=replay, stream=bool(stream),
                     fill_token=self._fill_token, own_prompt=True)      # (check_token_ids made the list)
         if prio is Priority.ROUTED and session_id is not None:
@@ -217,34 +216,20 @@ class LLMEngine:
         """Make `token_ids` (the session's history) the shadow target of this engine (§3.1): an extension
         keeps progress, a rewrite keeps the longest common prefix. What happens is the controller policy's:
         shadow jobs (Harvest, Harvest-SLO), a normal-priority prefill request (Eager), or nothing (none;
-        logged once)."""
-        policy = self.policy
+        logged once). See engine.shadow_work."""
         if not isinstance(session_id, str) or not session_id:
             raise TypeError(f"session_id must be a non-empty str, got {session_id!r}")
-        if policy.runs_jobs:
-            self.jobs.upsert(session_id, token_ids, now=self.clock.now(), switch_prob=switch_prob, tenant=tenant)
+        if self.shadow.add(session_id, token_ids, self.clock.now(), switch_prob=switch_prob, tenant=tenant):
             self._shadow_retry_at = -math.inf
-        elif policy.as_requests:
-            self._submit_shadow_request(session_id, check_token_ids("token_ids", token_ids), tenant)
-        elif not self._warned_ignored:
-            self._warned_ignored = True
-            logger.info("add_shadow ignored: this engine's shadow policy is 'none' (logged once)")
 
     def extend_shadow(self, session_id: str, token_ids) -> None:
         """Append tokens (streamed output) to a session's shadow history; creates no job."""
-        if self.policy.runs_jobs:
-            if session_id in self.jobs:
-                self.jobs.extend(session_id, token_ids, now=self.clock.now())
-                self._shadow_retry_at = -math.inf
-        elif session_id in self._shadow_requests:
-            self._shadow_requests[session_id][0].extend(check_token_ids("token_ids", token_ids))
+        if self.shadow.extend(session_id, token_ids, self.clock.now()):
+            self._shadow_retry_at = -math.inf
 
     def cancel_shadow(self, session_id: str) -> None:
         """Forget a session's shadow work (pages already computed stay cached)."""
-        self.jobs.remove(session_id)
-        entry = self._shadow_requests.pop(session_id, None)
-        if entry is not None and entry[1] is not None and entry[1].status is RequestStatus.WAITING:
-            self.scheduler.abort(entry[1], self.clock.now())
+        self.shadow.cancel(session_id, self.clock.now())
 
     def shadow_progress(self, session_id: str) -> ShadowProgress | None:
         """The session's shadow job here (history, tokens of it believed cached, tenant), or None."""
@@ -268,31 +253,12 @@ class LLMEngine:
         """Sessions with a shadow job here, in the order their work runs (switch probability)."""
         return [job.session_id for job in self.jobs.ordered()]
 
-    def _submit_shadow_request(self, session_id: str, tokens: list[int], tenant: str) -> None:
-        """Eager (Table 2): shadow work as an ordinary normal-priority prefill request; a newer history
-        replaces one still waiting."""
-        now = self.clock.now()
-        old = self._shadow_requests.get(session_id)
-        if old is not None and old[1] is not None and old[1].status is RequestStatus.WAITING:
-            self.scheduler.abort(old[1], now)
-        tokens = tokens[:self.config.num_blocks * self.config.block_size]   # what the pool can ever hold
-        if self.max_position is not None:
-            tokens = tokens[:self.max_position]
-        if not tokens:
-            return
-        rid = f"__shadow__:{session_id}:{next(self._seq)}"
-        r = Request(rid, tokens, 0, Priority.NORMAL, now, next(self._seq), session_id=session_id, tenant=tenant,
-                    prefill_only=True, internal=True)
-        self._shadow_requests[session_id] = (list(tokens), r, tenant)
-        self.scheduler.add(r)
-
     # ---------------------------------------------------------------------------------------- step
     def has_work(self) -> bool:
         """Requests queued or running, or shadow work that can run now."""
         if self.scheduler.has_unfinished():
             return True
-        return (self.policy.runs_jobs and self.clock.now() >= self._shadow_retry_at
-                and self.jobs.has_runnable(self.config.n_min))
+        return self.clock.now() >= self._shadow_retry_at and self.shadow.has_runnable(self.config.n_min)
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration on the engine's clock; outputs of streaming requests that got a token and of
@@ -308,87 +274,28 @@ class LLMEngine:
         if self._in_flight is not None:
             raise RuntimeError("complete_step() the previous iteration first")
         now = self.clock.now()
-        kv = self.kv
-        kv.poll(now)                                  # retire completed side-stream copies
-        batch = self.scheduler.schedule(now)
-        budget_s = 0.0
-        if self.policy.runs_jobs:
-            has_jobs = len(self.jobs) > 0
-            budget = self.controller.plan(batch.view(lambda limit: self._free_shadow_tokens(limit, now)), has_jobs)
-            if has_jobs:
-                chunks = take(self.jobs, budget, kv, now, overlap=self._overlap)
-                if chunks:
-                    batch.shadow_chunks = chunks
-                    batch.reload_tokens += sum(c.host_tokens for c in chunks)
-                    if budget.branch != "credit":     # b bounds the whole iteration (credit: the added time)
-                        budget_s = budget.seconds
+        batch = self.scheduler.schedule(now)          # requests, then the controller's shadow phase
         if batch.is_empty:
             # only shadow work was left and none can run now: what blocks it (shadow KV not yet cold, no
             # slack, credit) changes with time, so offer it again after a short pause, or on new work
             self._shadow_retry_at = now + SHADOW_RETRY_S
             return None
-        kv.start_reloads()                            # this iteration's layer-wise reloads, then those of
-        if self.scheduler.prefetch(now, batch):       # the next iteration's admissions behind them (issue 15)
-            kv.start_reloads()
         result = self.executor.execute(batch)
-        self._in_flight = Iteration(batch, result.tokens, result.duration, now, budget_s)
+        self._in_flight = Iteration(batch, result.tokens, result.duration, now)
         return self._in_flight
 
-    def _free_shadow_tokens(self, limit: int, now: float) -> int:
-        bs = self.config.block_size
-        return self.kv.free_blocks(now=now, shadow=True, limit=limit // bs) * bs
-
     def complete_step(self, it: Iteration) -> list[RequestOutput]:
-        """Apply an executed iteration at clock.now() (its end): tokens, finishes, cache, credit, t̂."""
+        """Apply an executed iteration at clock.now() (its end): tokens, finishes, cache, credit, t̂, stats."""
         if it is not self._in_flight:
             raise ValueError("it is not the iteration in flight")
         self._in_flight = None
-        now = self.clock.now()
-        batch, duration = it.batch, it.duration
-        # t̂ models compute: an iteration that waited on host-tier copies is not observed (its time is not
-        # a function of the batch's features); the shape is taken before postprocess advances contexts
-        shape = (batch.shape() if self.config.refit_predictor and not batch.reload_tokens
-                 and not batch.prefetched_tokens else None)
-        outputs = self.scheduler.postprocess(batch, it.tokens, now)
-        shadow_tokens = complete(self.jobs, batch.shadow_chunks, self.kv, now) if batch.shadow_chunks else 0
-        self.controller.end_iteration(duration, busy=batch.has_requests, decode_only=batch.is_decode_only)
-        if shape is not None:
-            self.predictor.observe(*shape, duration)
-        st = self._stats
-        st.iterations += 1
-        st.busy_time_s += duration
-        st.shadow_tokens += shadow_tokens
-        st.shadow_chunks += len(batch.shadow_chunks)
-        if not batch.has_requests:
-            st.shadow_only_iterations += 1
-        if it.budget_s > 0.0:                          # did the iteration stay within b (line 10)?
-            st.shadow_budget_iterations += 1
-            ratio = duration / it.budget_s
-            st.shadow_over_budget += ratio > 1.0
-            st.shadow_budget_ratio_max = max(st.shadow_budget_ratio_max, ratio)
-        return outputs
-
-    def _on_admit(self, r: Request, match) -> None:
-        if r.internal or r.num_preemptions:
-            return
-        st = self._stats
-        st.prompt_tokens += r.num_prompt_tokens
-        st.cached_prompt_tokens += r.num_cached_tokens
-        st.host_cached_prompt_tokens += r.num_host_cached_tokens
-        if r.priority is Priority.ROUTED:
-            st.routed_prompt_tokens += r.num_prompt_tokens
-            st.routed_cached_prompt_tokens += r.num_cached_tokens
-            st.routed_shadow_hit_tokens += min(match.shadow_tokens, r.num_cached_tokens)
+        return self.scheduler.postprocess(it.batch, it.tokens, self.clock.now(), it.duration)
 
     # ------------------------------------------------------------------------------------- queries
     @property
     def stats(self) -> EngineStats:
-        st = self._stats
-        ctl = self.controller
-        st.budget_branches = dict(ctl.branch_counts)
-        st.credit, st.credit_earned_s, st.credit_spent_s = ctl.credit, ctl.credit_earned, ctl.credit_spent
-        st.preemptions = self.scheduler.num_preemptions
-        return st
+        """What this engine counted (written by its scheduler only)."""
+        return self.scheduler.read_stats()
 
     @property
     def kv_stats(self) -> PoolStats:

@@ -40,13 +40,27 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class OutputReplay:
+    """Simulation replay data of one request, kept apart from its scheduling state: `token_ids`, the output
+    it produces one token per step instead of what the executor samples (a simulator replaying recorded
+    calls; teacher forcing; None: none), then `fill_token` for every further token an executor that samples
+    nothing counts (None: such tokens have no value)."""
+
+    __slots__ = ("token_ids", "fill_token")
+
+    def __init__(self, token_ids: list[int] | None = None, fill_token: int | None = None) -> None:
+        self.token_ids = token_ids
+        self.fill_token = fill_token
+
+
 class Request:
     """One call: prompt, limits, SLOs and the state the scheduler and controller keep for it.
 
     `ttft_slo` / `tpot_slo` are in seconds (`F_r`, `T_r` of the paper). `prefill_only` requests compute
     the prompt's K/V and finish without sampling (the Eager baseline's shadow requests).
-    `replay_token_ids`: the output the request produces, one token per step, instead of what the executor
-    samples (a simulator replaying recorded calls; teacher forcing); past its end the sampled tokens count.
+    `replay_token_ids` / `fill_token`: its simulation replay data (held in an `OutputReplay`, `replay`): the
+    output the request produces, one token per step, instead of what the executor samples (a simulator
+    replaying recorded calls; teacher forcing); past its end the sampled tokens count.
     `stream`: report a RequestOutput at every token (False: only when it finishes).
 
     Tokens are one list, prompt then output, and a count `num_tokens`. A real executor samples every token,
@@ -61,8 +75,8 @@ class Request:
         "tenant", "ttft_slo", "tpot_slo", "arrival_time", "arrival_seq", "prefill_only", "internal", "stream",
         "status", "num_computed_tokens", "block_ids", "num_committed_blocks", "num_cached_tokens",
         "num_host_cached_tokens", "first_token_time", "finish_time", "num_decode_iters", "num_preemptions",
-        "ready_event", "finish_reason", "admitted", "sched_stamp", "samples_now", "replay_token_ids",
-        "fill_token", "check_at", "prefetch",
+        "ready_event", "finish_reason", "admitted", "sched_stamp", "samples_now", "replay",
+        "check_at", "prefetch",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, priority: Priority,
@@ -103,8 +117,8 @@ class Request:
         self.finish_reason: str | None = None
         self.sched_stamp = -1               # the scheduler pass that last gave it a prefill chunk
         self.samples_now = False            # its chunk in the current batch samples a token
-        self.replay_token_ids = replay_token_ids   # output to produce instead of the sampled tokens
-        self.fill_token = fill_token        # a counted (unsampled) output token past the replay
+        self.replay = (OutputReplay(replay_token_ids, fill_token)     # simulation replay data, or None
+                       if replay_token_ids is not None or fill_token is not None else None)
         self.check_at = 0                   # scheduler: num_tokens at which a decode next needs more than a count
 
     # ----------------------------------------------------------------------------------------- tokens
@@ -114,15 +128,16 @@ class Request:
         have = len(toks)
         if have < n:
             p = self.num_prompt_tokens
-            replay = self.replay_token_ids
+            rp = self.replay
+            replay = rp.token_ids if rp is not None else None
             if replay is not None and have - p < len(replay):
                 toks += replay[have - p:n - p]
                 have = len(toks)
             if have < n:
-                if self.fill_token is None:
+                if rp is None or rp.fill_token is None:
                     raise RuntimeError(f"request {self.request_id!r}: {n - have} counted tokens have no value "
                                        "(no fill_token)")
-                toks += [self.fill_token] * (n - have)
+                toks += [rp.fill_token] * (n - have)
         return toks
 
     def put_token(self, sampled: int) -> int:
@@ -132,7 +147,8 @@ class Request:
         toks = self._token_ids if len(self._token_ids) == n else self.token_ids_upto(n)
         del toks[n:]                        # (a token stored but never counted: its step was dropped)
         i = n - self.num_prompt_tokens
-        replay = self.replay_token_ids
+        rp = self.replay
+        replay = rp.token_ids if rp is not None else None
         tok = replay[i] if replay is not None and i < len(replay) else sampled
         toks.append(tok)
         return tok

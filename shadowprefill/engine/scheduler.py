@@ -23,10 +23,10 @@ in the prefix cache and frees finished requests' pages.
 from __future__ import annotations
 
 import bisect
-from typing import Callable
-
+import itertools
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.kv.manager import PrefixMatch
+from shadowprefill.engine.shadow_work import ShadowWork
 from shadowprefill.shadow.view import IterationView, decode_contexts, prefill_pairs
 
 ADMISSIONS = ("fcfs", "routed-first")
@@ -46,7 +46,7 @@ class ScheduledBatch:
 
     __slots__ = ("now", "decodes", "prefills", "shadow_chunks", "samples", "waiting_nonempty",
                  "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens", "ahead_tokens",
-                 "prefetched_tokens", "_shape")
+                 "prefetched_tokens", "budget_s", "_shape")
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -62,7 +62,8 @@ class ScheduledBatch:
         self.reload_tokens = 0                            # prefix tokens reloaded from the host tier for it
         self.ahead_tokens = 0                             # ... for the next iteration's admissions (prefetch)
         self.prefetched_tokens = 0                        # its admissions' tokens reloaded ahead (last iteration)
-        self._shape = None
+        self.budget_s = 0.0                               # b, when shadow chunks joined under a whole-iteration
+        self._shape = None                                # budget (not the credit branch); else 0
 
     @property
     def num_seqs(self) -> int:
@@ -98,19 +99,28 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    """Waiting queue(s), the running set, the KV calls of admission / growth, and request lifecycles."""
+    """Waiting queue(s), the running set, the KV calls of admission / growth, request lifecycles, and the
+    shadow work (`self.shadow`, engine.shadow_work.ShadowWork; with a `controller`,
+    shadow.controller.ShadowController, whose budget is the last phase of `schedule`). `overlap`: the
+    latency model's `overlapped_time` (host-tier reloads beside compute); `max_len`: the longest request
+    (Eager's shadow requests are cut to it). `stats` (engine.stats.EngineStats) is written here only."""
 
-    def __init__(self, config, kv, stats, *, on_admit: Callable[[Request, object], None] | None = None) -> None:
+    def __init__(self, config, kv, stats, *, controller=None, overlap=None, max_len: int | None = None) -> None:
         self.config = config
         self.kv = kv
-        self.stats = stats                            # engine.stats.EngineStats: token counters
+        self.stats = stats                            # engine.stats.EngineStats: every counter
+        self.controller = controller
+        self.shadow = None if controller is None else ShadowWork(
+            self, controller, block_size=config.block_size, default_switch_prob=config.default_switch_prob,
+            overlap=overlap, max_len=max_len)
+        self._runs_jobs = controller is not None and controller.policy.runs_jobs
+        self._seq = itertools.count()
         self.block_size = config.block_size
         self.fcfs = config.admission == "fcfs"
         self._rank = _rank_fcfs if self.fcfs else _rank_routed_first
         self.requests: dict[str, Request] = {}       # every unfinished request by id
         self.waiting: dict[Priority, list[Request]] = {Priority.ROUTED: [], Priority.NORMAL: []}
         self.running: list[Request] = []             # sorted by self._rank
-        self.on_admit = on_admit                      # engine hook: stats of the prefix match
         self.num_preemptions = 0
         self._stamp = 0
         self.prefetched: list[Request] = []          # waiting requests holding a reload-ahead (r.prefetch)
@@ -118,6 +128,10 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------ queues
     def _queue(self, r: Request) -> list[Request]:
         return self.waiting[Priority.ROUTED if self.fcfs else r.priority]
+
+    def next_seq(self) -> int:
+        """The next arrival number (requests are ranked by it)."""
+        return next(self._seq)
 
     def add(self, request: Request) -> None:
         """Take a new request (its id must not be in use)."""
@@ -152,6 +166,27 @@ class Scheduler:
 
     # ---------------------------------------------------------------------------------------- schedule
     def schedule(self, now: float) -> ScheduledBatch:
+        """Build one iteration at `now`: (1) running decodes, (2) in-flight prefill chunks, (3) admissions,
+        then, last, (4) the shadow phase (Algorithm 1: the controller's budget, spent on shadow jobs) and
+        the iteration's host-tier reloads (its own, then the next admissions' ahead). An empty batch means
+        nothing can run now."""
+        self.kv.poll(now)                             # retire completed side-stream copies
+        batch = self._schedule_requests(now)
+        if self._runs_jobs:
+            self.shadow.phase(batch, now)             # Alg. 1: the controller's budget, spent on shadow jobs
+        if not batch.is_empty:
+            kv = self.kv
+            kv.start_reloads()                        # this iteration's layer-wise reloads, then those of
+            if self.prefetch(now, batch):             # the next iteration's admissions behind them (issue 15)
+                kv.start_reloads()
+        return batch
+
+    def free_shadow_tokens(self, limit: int, now: float) -> int:
+        """Line 11: tokens of KV a shadow chunk may take now (free or cold pages in the cap), at most limit."""
+        bs = self.block_size
+        return self.kv.free_blocks(now=now, shadow=True, limit=limit // bs) * bs
+
+    def _schedule_requests(self, now: float) -> ScheduledBatch:
         cfg, bs = self.config, self.block_size
         batch = ScheduledBatch(now)
         limit, max_seqs = cfg.token_budget, cfg.max_seqs
@@ -178,7 +213,7 @@ class Scheduler:
                 continue
             if computed % bs == 0 and computed // bs >= len(r.block_ids):   # (a partly filled page has room)
                 batch.num_tokens = nd
-                grown = self._grow(r, computed // bs + 1 - len(r.block_ids), now, batch)
+                grown = self._grow(r, 1, now, batch)
                 nd, n_running = len(decodes), len(running)
                 if not grown:
                     i -= 1                           # r itself was preempted (it was last)
@@ -199,9 +234,8 @@ class Scheduler:
             if r.status is not RequestStatus.RUNNING:  # preempted by an earlier chunk of this pass
                 continue
             n = min(r.num_remaining, limit - batch.num_tokens)
-            need = (r.num_computed_tokens + n + bs - 1) // bs - len(r.block_ids)
-            if need > 0 and not self._grow(r, need, now, batch):
-                continue
+            if r.num_computed_tokens + n > len(r.block_ids) * bs and not self._grow(r, n, now, batch):
+                continue                             # (its pages hold the chunk unless it needs more)
             batch.prefills.append((r, n))
             r.sched_stamp = stamp
             batch.num_tokens += n
@@ -247,8 +281,7 @@ class Scheduler:
         routed = r.priority is Priority.ROUTED
         # Leave at least one token to compute: its logits give the next token.
         total = r.num_tokens
-        match = kv.match_prefix(r.token_ids_upto(total), now=now, tenant=r.tenant, promote=routed,
-                                max_tokens=total - 1)
+        match = kv.get_computed_blocks(r, now=now, max_tokens=total - 1, promote=routed)
         reload, ahead = match.host_tokens, r.prefetch
         if ahead:       # reloaded ahead: those pages are on the device now, held by `match` too
             self._drop_prefetch(r, now)
@@ -260,19 +293,18 @@ class Scheduler:
                                 min(shadow, match.num_tokens), match.ready_event)
         cached = match.num_tokens
         n = min(total - cached, budget)
-        need = (cached + n + bs - 1) // bs - len(match.block_ids)
-        new_blocks = kv.allocate(need, now=now) if need > 0 else []
+        new_blocks = kv.allocate_slots(r, n, now=now, num_computed_tokens=cached)
         while new_blocks is None and routed and not self.fcfs:     # routed-first: routed may preempt normal
             victim = self._last_normal_running()
             if victim is None:
                 break
             if not self._release_prefetches(now):
                 self._preempt(victim, now, batch)
-            new_blocks = kv.allocate(need, now=now)
+            new_blocks = kv.allocate_slots(r, n, now=now, num_computed_tokens=cached)
         if new_blocks is None:
-            kv.free(match.block_ids, now=now)
+            kv.free(r, now=now)                                     # its prefix pages (they stay cached)
             return 0
-        r.block_ids = list(match.block_ids) + new_blocks
+        r.block_ids = kv.block_table(r)                             # the manager's list (read-only here)
         r.num_computed_tokens = cached
         r.num_committed_blocks = cached // bs
         r.check_at = 0
@@ -282,21 +314,29 @@ class Scheduler:
             r.admitted = True
             r.num_cached_tokens = min(cached, r.num_prompt_tokens)
             r.num_host_cached_tokens = min(match.host_tokens, r.num_cached_tokens)
-        if self.on_admit is not None:
-            self.on_admit(r, match)
+        if not (r.internal or r.num_preemptions):
+            self._count_admission(r, match)
         return n
+
+    def _count_admission(self, r: Request, match) -> None:
+        st = self.stats
+        st.prompt_tokens += r.num_prompt_tokens
+        st.cached_prompt_tokens += r.num_cached_tokens
+        st.host_cached_prompt_tokens += r.num_host_cached_tokens
+        if r.priority is Priority.ROUTED:
+            st.routed_prompt_tokens += r.num_prompt_tokens
+            st.routed_cached_prompt_tokens += r.num_cached_tokens
+            st.routed_shadow_hit_tokens += min(match.shadow_tokens, r.num_cached_tokens)
 
     def _last_normal_running(self) -> Request | None:
         last = self.running[-1] if self.running else None
         return last if last is not None and last.priority is not Priority.ROUTED else None
 
-    def _grow(self, r: Request, need: int, now: float, batch: ScheduledBatch) -> bool:
-        """Give running request r `need` more pages, preempting the lowest-ranked running requests
-        (possibly r itself) until they fit. False if r was preempted."""
+    def _grow(self, r: Request, num_new_tokens: int, now: float, batch: ScheduledBatch) -> bool:
+        """Give running request r the pages for `num_new_tokens` more tokens, preempting the lowest-ranked
+        running requests (possibly r itself) until they fit. False if r was preempted."""
         while True:
-            blocks = self.kv.allocate(need, now=now)
-            if blocks is not None:
-                r.block_ids.extend(blocks)
+            if self.kv.allocate_slots(r, num_new_tokens, now=now) is not None:
                 return True
             if self._release_prefetches(now):    # a reload ahead never costs a running request its pages
                 continue
@@ -324,7 +364,7 @@ class Scheduler:
 
     def _free(self, r: Request, now: float) -> None:
         self._commit_full_pages(r, now)
-        self.kv.free(r.block_ids, now=now)
+        self.kv.free(r, now=now)
         r.block_ids = []
         r.num_committed_blocks = 0
         r.check_at = 0
@@ -335,7 +375,7 @@ class Scheduler:
         computed = r.num_computed_tokens
         full = computed // self.block_size
         if full > r.num_committed_blocks:   # (commit registers min(pages, computed // bs) pages: no list copies)
-            self.kv.commit(r.block_ids, r.token_ids_upto(computed), now=now, tenant=r.tenant, num_tokens=computed)
+            self.kv.cache(r, now=now, num_tokens=computed)
             r.num_committed_blocks = full
             r.check_at = 0
 
@@ -409,12 +449,49 @@ class Scheduler:
             emit(RequestOutput(r, num_out, True))
         return True
 
-    def postprocess(self, batch: ScheduledBatch, tokens: list[int] | None, now: float) -> list[RequestOutput]:
-        """Apply an executed iteration at `now` (its end): add the sampled tokens (decodes first, then
-        sampling prefills: the order of batch.samples), record f_r and k_r (Eq. 1), finish requests,
-        register filled pages. `tokens` None (a simulated executor): every sample's token is its request's
-        next known one (Request.fill_token past a replay), counted, not appended. Returns a RequestOutput
-        per streaming user request that got a token, and per user request that finished."""
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int] | None, now: float,
+                    duration: float = 0.0) -> list[RequestOutput]:
+        """Apply an executed iteration of `duration` seconds at `now` (its end): add the sampled tokens
+        (decodes first, then sampling prefills: the order of batch.samples), record f_r and k_r (Eq. 1),
+        finish requests, register filled pages, then the shadow side: register the shadow chunks' pages,
+        accrue credit, refit t̂, count. `tokens` None (a simulated executor): every sample's token is its
+        request's next known one (its OutputReplay: the replayed output, then fill_token), counted, not appended. Returns a
+        RequestOutput per streaming user request that got a token, and per user request that finished."""
+        # t̂ models compute: an iteration that waited on host-tier copies is not observed (its time is not
+        # a function of the batch's features); the shape is taken before the contexts advance
+        ctl = self.controller
+        shape = (batch.shape() if ctl is not None and self.config.refit_predictor and not batch.reload_tokens
+                 and not batch.prefetched_tokens else None)
+        outputs = self._apply_tokens(batch, tokens, now)
+        shadow_tokens = self.shadow.complete(batch, now) if batch.shadow_chunks else 0
+        if ctl is not None:
+            ctl.end_iteration(duration, busy=batch.has_requests, decode_only=batch.is_decode_only)
+            if shape is not None:
+                ctl.predictor.observe(*shape, duration)
+        st = self.stats
+        st.iterations += 1
+        st.busy_time_s += duration
+        st.shadow_tokens += shadow_tokens
+        st.shadow_chunks += len(batch.shadow_chunks)
+        if not batch.has_requests:
+            st.shadow_only_iterations += 1
+        if batch.budget_s > 0.0:                       # did the iteration stay within b (line 10)?
+            st.shadow_budget_iterations += 1
+            ratio = duration / batch.budget_s
+            st.shadow_over_budget += ratio > 1.0
+            st.shadow_budget_ratio_max = max(st.shadow_budget_ratio_max, ratio)
+        return outputs
+
+    def read_stats(self):
+        """The stats with the controller's and the scheduler's running totals filled in."""
+        st, ctl = self.stats, self.controller
+        if ctl is not None:
+            st.budget_branches = dict(ctl.branch_counts)
+            st.credit, st.credit_earned_s, st.credit_spent_s = ctl.credit, ctl.credit_earned, ctl.credit_spent
+        st.preemptions = self.num_preemptions
+        return st
+
+    def _apply_tokens(self, batch: ScheduledBatch, tokens: list[int] | None, now: float) -> list[RequestOutput]:
         st = self.stats
         running = RequestStatus.RUNNING
         bs = self.block_size

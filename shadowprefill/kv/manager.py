@@ -11,6 +11,15 @@ transfers and Oracle call only these methods:
     kv.free(pages, now=t)                                                # drop refs (cached pages stay)
     kv.import_prefix(tokens, now=t)                                      # KV that arrived from elsewhere
 
+Requests (anything with `request_id`, `tenant`, `num_computed_tokens` and `token_ids_upto(n)`, e.g.
+`engine.Request`) are served by the request-shaped calls, vLLM's shape; the manager keeps each request's
+pages (`block_table(req)`, a list the caller reads but never changes):
+
+    match = kv.get_computed_blocks(req, now=t, max_tokens=n, promote=routed)  # its cached prefix
+    pages = kv.allocate_slots(req, num_new_tokens, now=t)    # pages for its next tokens (None: no room)
+    kv.cache(req, now=t)                                     # register its full computed pages
+    kv.free(req, now=t)                                      # all its pages (cached ones stay cached)
+
 Every device page is free, in use (ref > 0; a page with ref > 1 is always a registered, read-only prefix
 page), cached (ref 0, registered, evictable) or spilling (evicted, its device->host copy in flight; CUDA
 only). Pages are identified by their page hash (page_hash.py). Every time-dependent call takes `now`
@@ -100,6 +109,53 @@ class KVCacheManager:
         core = native_module().KVCore if self.backend == "native" else KVCore
         self._core = core(num_blocks, block_size, self.shadow_cap, cold_age_s, model_id, host_index,
                           self.page_bytes, copy)
+        self._tables: dict[str, list[int]] = {}       # request id -> its pages, in token order
+
+    # ---- request-shaped calls (the scheduler's) ------------------------------------------------------------
+    def block_table(self, request) -> list[int]:
+        """The request's pages in token order (empty if it holds none). Read-only for the caller."""
+        return self._tables.get(request.request_id, [])
+
+    def get_computed_blocks(self, request, *, now: float, max_tokens: int, promote: bool = False,
+                            shadow: bool = False, hashes: PageHashes | None = None) -> PrefixMatch:
+        """Take the longest cached prefix (at most `max_tokens` tokens) of a request that holds no pages:
+        they become its first pages. promote=True: a routed request (hit shadow pages turn normal, §3.3);
+        shadow=True: shadow work (host-tier reloads go to shadow-class pages); `hashes`: the token list's
+        kept chain (see hash_chain)."""
+        rid = request.request_id
+        if self._tables.get(rid):
+            raise ValueError(f"request {rid!r} already holds pages; free it first")
+        match = self.match_prefix(request.token_ids_upto(max_tokens), now=now, tenant=request.tenant,
+                                  shadow=shadow, promote=promote, max_tokens=max_tokens, hashes=hashes)
+        self._tables[rid] = match.block_ids
+        return match
+
+    def allocate_slots(self, request, num_new_tokens: int, *, now: float, num_computed_tokens: int | None = None,
+                       shadow: bool = False) -> list[int] | None:
+        """Pages so that the request's pages hold its computed tokens (`num_computed_tokens`, default the
+        request's) plus `num_new_tokens`; returns the new pages ([] if none were needed), or None (nothing
+        taken) if the pool cannot give them now."""
+        table = self._tables.get(request.request_id)
+        if table is None:
+            table = self._tables[request.request_id] = []
+        computed = request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
+        bs = self.block_size
+        need = (computed + num_new_tokens + bs - 1) // bs - len(table)
+        if need <= 0:
+            return []
+        blocks = self._core.allocate(need, now, shadow)
+        if blocks is not None:
+            table += blocks
+        return blocks
+
+    def cache(self, request, *, now: float, num_tokens: int | None = None, hashes: PageHashes | None = None) -> int:
+        """Register the request's full pages among its first `num_tokens` (default: its computed) tokens in
+        the prefix index (see commit; `hashes`: the token list's kept chain)."""
+        n = request.num_computed_tokens if num_tokens is None else num_tokens
+        tokens = request.token_ids_upto(n)
+        if tokens.__class__ is not list:
+            tokens = as_token_sequence(tokens)
+        return self._core.commit(self._tables.get(request.request_id, []), tokens, now, request.tenant, n, hashes)
 
     # ---- queries (no state change) ---------------------------------------------------------------------
     @property
@@ -208,10 +264,16 @@ class KVCacheManager:
         return self._core.commit(block_ids, token_ids, now, tenant, num_tokens, hashes)
 
     def free(self, block_ids, *, now: float) -> None:
-        """Drop one reference on each page. A page reaching ref 0 stays cached (evictable, most recently used
-        of its class) if it is a registered prefix page, else returns to the free list. Raises ValueError
-        (nothing changed) if a page is not owned or out of range. Tail pages are made older than head
-        pages, so a prefix's end is evicted before its beginning."""
+        """Drop one reference on each page: `block_ids`, a list of pages, or a request (all its pages). A page
+        reaching ref 0 stays cached (evictable, most recently used of its class) if it is a registered prefix
+        page, else returns to the free list. Raises ValueError (nothing changed) if a page is not owned or out
+        of range. Tail pages are made older than head pages, so a prefix's end is evicted before its
+        beginning."""
+        if block_ids.__class__ is not list and hasattr(block_ids, "request_id"):
+            table = self._tables.pop(block_ids.request_id, None)
+            if table:
+                self._core.free(table, now)
+            return
         self._core.free(block_ids, now)
 
     def touch(self, block_ids, *, now: float) -> None:

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shadowprefill.model.shape import ModelShape
+
 CACHED_INPUT_FACTOR = 0.1   # cached input billed at 10% of uncached (paper §5.1)
 TP_CHOICES = (1, 2, 4, 8)
 H100_HBM_BYTES = 80e9
 
 
 @dataclass(frozen=True)
-class ModelArch:
+class ModelArch(ModelShape):
     """Public architecture of one decoder LLM plus its token prices.
 
     `intermediate_size` is per expert for MoE models. `attention_layers` counts layers with softmax
@@ -99,14 +101,6 @@ class ModelArch:
     @property
     def num_linear_attn_layers(self) -> int:
         return self.num_layers - self.num_attention_layers
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
 
     def attn_proj_params(self) -> int:
         """Q, K, V and output projection weights of one softmax-attention layer."""

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from shadowprefill.model.shape import ModelShape
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -52,7 +54,7 @@ def _check_positive_int(name: str, value: Any) -> None:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(ModelShape):
     """Shape of a Llama-style decoder: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
 
     `qkv_bias` adds biases to the q/k/v projections (Qwen2). `tie_word_embeddings` reuses the embedding
@@ -99,16 +101,6 @@ class ModelConfig:
             raise TypeError(f"rope_scaling must be a RopeScaling or None, got {type(self.rope_scaling)}")
 
     # ----------------------------------------------------------------------------------- derived sizes
-    @property
-    def q_size(self) -> int:
-        """Width of the query projection output (num_heads * head_dim)."""
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        """Width of each of the key / value projection outputs (num_kv_heads * head_dim)."""
-        return self.num_kv_heads * self.head_dim
-
     @property
     def num_params(self) -> int:
         """Number of weights (embeddings and LM head included; a tied head is counted once)."""

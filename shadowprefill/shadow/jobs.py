@@ -24,6 +24,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from shadowprefill.shadow.spend import spend_budget
+
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
@@ -207,16 +209,23 @@ class ShadowJobQueue:
         return sum(j.pending_tokens(self.block_size) for j in self._jobs.values())
 
 
+_chunk_ids = itertools.count()
+
+
 class ShadowChunk:
     """Shadow work of one iteration: tokens [start, start + num_new) of a job's history, written into
-    shadow-class pages; produces no token. Holds page references only while in flight. `host_tokens`: the
-    cached prefix tokens reloaded from the host tier for it (the forward waits on `ready_event`)."""
+    shadow-class pages; produces no token. To the KV cache manager it is a short-lived request (its
+    request-shaped calls: `request_id`, `tenant`, `num_computed_tokens`, `token_ids_upto`) that holds its
+    pages only while in flight. `host_tokens`: the cached prefix tokens reloaded from the host tier for it
+    (the forward waits on `ready_event`)."""
 
     __slots__ = ("job", "token_ids", "start", "num_new", "block_ids", "version", "ready_event", "page_hashes",
-                 "host_tokens")
+                 "host_tokens", "request_id", "tenant")
 
     def __init__(self, job: ShadowJob, start: int, num_new: int, block_ids: list[int], ready_event=None,
                  host_tokens: int = 0) -> None:
+        self.request_id = f"__shadow_chunk__:{job.session_id}:{next(_chunk_ids)}"
+        self.tenant = job.tenant
         self.job = job
         self.token_ids = job.token_ids      # the history; [0, start + num_new) is what the chunk computes
         self.page_hashes = job.page_hashes  # token_ids' kv.PageHashes
@@ -231,18 +240,79 @@ class ShadowChunk:
     def new_token_ids(self) -> list[int]:
         return self.token_ids[self.start:self.start + self.num_new]
 
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.start
+
+    def token_ids_upto(self, n: int) -> list[int]:
+        """The job's history (the live list; it holds at least `n` tokens)."""
+        return self.token_ids
+
     def __repr__(self) -> str:
         return f"ShadowChunk({self.job.session_id!r}, [{self.start}, {self.start + self.num_new}))"
 
 
+class _JobHost:
+    """The engine's shadow jobs as `spend.spend_budget` sees them (its `SpendHost`). Each chunk is a request
+    to the KV cache manager: `locate` gets its computed (cached) pages, `allocate` its shadow-class slots,
+    `release` frees a chunk that was not taken."""
+
+    __slots__ = ("block_size", "kv", "now", "budget", "overlap", "host_aware", "_chunk", "chunks")
+
+    def __init__(self, queue: ShadowJobQueue, budget, kv, now: float, overlap) -> None:
+        self.block_size, self.kv, self.now, self.budget, self.overlap = queue.block_size, kv, now, budget, overlap
+        self.host_aware = overlap is not None and kv.has_host_tier
+        self._chunk: ShadowChunk | None = None
+        self.chunks: list[ShadowChunk] = []
+
+    def estimate(self, job: ShadowJob) -> tuple[int, int]:
+        """The job's belief: no prefix lookup for a job that cannot fit."""
+        return job.num_cached, job.pending_tokens(self.block_size)
+
+    def locate(self, job: ShadowJob):
+        bs, kv, budget = self.block_size, self.kv, self.budget
+        limit = job.shadowable_tokens(bs)
+        if job.page_hashes is None or job.page_hashes.tokens is not job.token_ids:
+            job.page_hashes = kv.hash_chain(job.token_ids, tenant=job.tenant)
+        if self.host_aware:
+            dev, host = kv.peek_prefix(job.token_ids, tenant=job.tenant, max_tokens=limit, hashes=job.page_hashes)
+            if host:        # no reload (match) unless the chunk fits beside it
+                k = min(limit - dev - host, budget.room(), budget.fits(dev + host, reload=(self.overlap, host)))
+                if k - k % bs < budget.n_min:
+                    job.num_cached = dev + host
+                    return None
+        chunk = self._chunk = ShadowChunk(job, 0, 0, [])
+        match = kv.get_computed_blocks(chunk, now=self.now, max_tokens=limit, shadow=True, hashes=job.page_hashes)
+        chunk.start = job.num_cached = match.num_tokens
+        chunk.ready_event, chunk.host_tokens = match.ready_event, match.host_tokens
+        reload = (self.overlap, match.host_tokens) if match.host_tokens and self.overlap is not None else None
+        return chunk.start, limit - chunk.start, reload
+
+    def allocate(self, job: ShadowJob, context: int, n: int) -> bool:
+        chunk = self._chunk
+        if self.kv.allocate_slots(chunk, n, now=self.now, shadow=True) is None:
+            return False
+        self._chunk = None
+        chunk.num_new = n
+        chunk.block_ids = self.kv.block_table(chunk)
+        self.chunks.append(chunk)
+        return True
+
+    def release(self, job: ShadowJob) -> None:
+        if self._chunk is not None:
+            self.kv.free(self._chunk, now=self.now)
+            self._chunk = None
+
+
 def take(queue: ShadowJobQueue, budget, kv, now: float, *, overlap=None) -> list[ShadowChunk]:
-    """Algorithm 1 line 15: chunks from `queue`'s jobs by switch probability, each the largest whole-page
-    chunk the `budget` (controller.ShadowBudget) allows at the job's cached context, until it is spent.
-    `kv`: the instance's KVCacheManager (prefix match and shadow-class pages, references held by the
-    chunks until `complete`). `overlap(compute_s, reload_tokens)`: an iteration's seconds when it reads a
-    host-tier prefix through a layer-wise reload (model.latency.LatencyModel.overlapped_time, which the
-    SimulatedExecutor charges too): the budget counts only what the reload adds beyond the compute
-    (ShadowBudget.reload_s), and no reload starts unless the chunk fits beside it.
+    """Algorithm 1 line 15 (`spend.spend_budget`): chunks from `queue`'s jobs by switch probability, each
+    the largest whole-page chunk the `budget` (controller.ShadowBudget) allows at the job's cached context,
+    until it is spent; a job's short tail waits for more history. `kv`: the instance's KVCacheManager
+    (prefix match and shadow-class pages, references held by the chunks until `complete`).
+    `overlap(compute_s, reload_tokens)`: an iteration's seconds when it reads a host-tier prefix through a
+    layer-wise reload (model.latency.LatencyModel.overlapped_time, which the SimulatedExecutor charges too):
+    the budget counts only what the reload adds beyond the compute (ShadowBudget.reload_s), and no reload
+    starts unless the chunk fits beside it.
 
     O(chunk) work per chunk, not O(context): a job keeps its chain between chunks, so its prefix is never
     re-hashed, and the chain remembers the pages it was found on (generation-checked by the manager), so a
@@ -250,48 +320,9 @@ def take(queue: ShadowJobQueue, budget, kv, now: float, *, overlap=None) -> list
     and the references on it remain O(context), at a few ns per page in the native KV core."""
     if not budget.open or len(queue) == 0:
         return []
-    bs, smallest = queue.block_size, budget.n_min
-    host_aware = overlap is not None and kv.has_host_tier
-    chunks: list[ShadowChunk] = []
-    for job in queue.runnable(budget.n_min):
-        if budget.room() < smallest:
-            break
-        # upper bound from the job's belief first: no prefix lookup for a job that cannot fit
-        k = min(job.pending_tokens(bs), budget.room(), budget.fits(job.num_cached))            # line 10
-        if k - k % bs < smallest:
-            continue
-        if budget.read_kv_room(bs) < smallest:                                                  # line 11
-            break
-        limit = job.shadowable_tokens(bs)
-        if job.page_hashes is None or job.page_hashes.tokens is not job.token_ids:
-            job.page_hashes = kv.hash_chain(job.token_ids, tenant=job.tenant)
-        if host_aware:
-            dev, host = kv.peek_prefix(job.token_ids, tenant=job.tenant, max_tokens=limit, hashes=job.page_hashes)
-            if host:        # no reload (match) unless the chunk fits beside it
-                k = min(limit - dev - host, budget.room(), budget.fits(dev + host, reload=(overlap, host)))
-                if k - k % bs < smallest:
-                    job.num_cached = dev + host
-                    continue
-        match = kv.match_prefix(job.token_ids, now=now, tenant=job.tenant, shadow=True, max_tokens=limit,
-                                hashes=job.page_hashes)
-        start = job.num_cached = match.num_tokens
-        reload = (overlap, match.host_tokens) if match.host_tokens and overlap is not None else None
-        k = min(limit - start, budget.room(), budget.fits(start, reload=reload))               # line 10
-        k -= k % bs                                                                             # whole pages
-        if k < smallest:                                                                        # line 12
-            kv.free(match.block_ids, now=now)
-            continue
-        blocks = kv.allocate(k // bs, now=now, shadow=True)
-        if blocks is None:                                                                      # line 11
-            kv.free(match.block_ids, now=now)
-            break
-        # the job's token list is only appended to (a rewrite replaces it): no O(context) snapshot copy
-        chunks.append(ShadowChunk(job, start, k, match.block_ids + blocks, match.ready_event,
-                                  match.host_tokens))
-        budget.take(k, start, reload=reload)
-        if not budget.open:                                                                     # b is spent
-            break
-    return chunks
+    host = _JobHost(queue, budget, kv, now, overlap)
+    spend_budget(budget, queue.runnable(budget.n_min), host, short_last=False)
+    return host.chunks
 
 
 def complete(queue: ShadowJobQueue, chunks: list[ShadowChunk], kv, now: float) -> int:
@@ -301,8 +332,8 @@ def complete(queue: ShadowJobQueue, chunks: list[ShadowChunk], kv, now: float) -
     for c in chunks:
         end = c.start + c.num_new
         hashes = c.page_hashes if c.page_hashes is not None and c.page_hashes.tokens is c.token_ids else None
-        kv.commit(c.block_ids, c.token_ids, now=now, tenant=c.job.tenant, num_tokens=end, hashes=hashes)
-        kv.free(c.block_ids, now=now)
+        kv.cache(c, now=now, num_tokens=end, hashes=hashes)
+        kv.free(c, now=now)
         job = c.job
         job.tokens_computed += c.num_new
         if queue.get(job.session_id) is job and job.version == c.version and end > job.num_cached:

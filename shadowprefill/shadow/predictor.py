@@ -37,7 +37,9 @@ _SCALE = np.array([1.0, 1e-3, 1e-6, 1e-2, 1e-5])
 _SCALE_LIST = _SCALE.tolist()
 
 
-class LatencyModel(Protocol):
+class IterationTimeSource(Protocol):
+    """What seeds t̂: anything with `iteration_time` (model.latency.LatencyModel, a measured profile)."""
+
     def iteration_time(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
         """Seconds of one iteration: prefill chunks as (new_tokens, cached_before), decodes as contexts."""
 
@@ -111,7 +113,7 @@ class IterationPredictor:
     iterations do not determine keep the seed's shape. `refit_every`: observations between refits (the
     information gains every observation either way; t̂ changes at the refits)."""
 
-    def __init__(self, latency_model: LatencyModel, *, forgetting: float = 0.995, max_context: int = 32768,
+    def __init__(self, latency_model: IterationTimeSource, *, forgetting: float = 0.995, max_context: int = 32768,
                  prior_weight: float = 1.0, refit_every: int = 8) -> None:
         if not callable(getattr(latency_model, "iteration_time", None)):
             raise TypeError("latency_model must have an iteration_time(prefill, decode_contexts) method, got "

@@ -45,8 +45,8 @@ class Simulator:
                  latency_cache: dict | None = None, call_router=None) -> None:
         if not isinstance(config, SimConfig):
             raise TypeError(f"config must be a SimConfig, got {type(config).__name__}")
-        if call_router is not None and not callable(getattr(call_router, "route_call", None)):
-            raise TypeError(f"call_router must have route_call(session, k, history, warm), got "
+        if call_router is not None and not callable(getattr(call_router, "route", None)):
+            raise TypeError(f"call_router must be a cluster.router.Router (route(session, k, history, warm)), got "
                             f"{type(call_router).__name__}")
         self.call_router = call_router          # None: every call goes to its recorded model
         self.config = config
@@ -237,8 +237,8 @@ class Simulator:
         model = session.calls[k].model
         if self.call_router is not None:        # per-call routing at issue time, on a read-only cache view
             state = self.manager.sessions.get((session.tenant, session.session_id))
-            model = self.call_router.route_call(session, k, list(state.models) if state else [],
-                                                WarmView(self.manager, session.session_id, prompt, session.tenant))
+            model = self.call_router.route(session, k, list(state.models) if state else [],
+                                           WarmView(self.manager, session.session_id, prompt, session.tenant))
         self.manager.submit_call(session.session_id, k, model, prompt,
                                  session.calls[k].output_tokens, task=session.task, tenant=session.tenant,
                                  kept_prefix=kept, output_token_ids=output.tolist())

@@ -259,3 +259,49 @@ def test_peek_prefix_changes_nothing():
     before = pool.stats.as_dict()
     assert pool.peek_prefix(toks + [1, 2]) == (2 * BS, 0)
     assert pool.stats.as_dict() == before and pool.num_cached_blocks == 2
+
+
+class Req:
+    """The request shape the request-level calls read (engine.Request has these attributes)."""
+
+    def __init__(self, rid, toks, tenant=""):
+        self.request_id, self.tenant, self._toks, self.num_computed_tokens = rid, tenant, toks, 0
+
+    def token_ids_upto(self, n):
+        assert n <= len(self._toks)
+        return self._toks
+
+
+def test_request_shaped_calls_keep_the_request_pages():
+    pool = KVCacheManager(16, BS)
+    toks = tokens(100, 6, extra=2)                       # 6 full pages + 2 tokens
+    cached_sequence(pool, toks[:3 * BS], now=0.0)        # the first 3 pages are cached
+    r = Req("a", toks)
+    m = pool.get_computed_blocks(r, now=1.0, max_tokens=len(toks) - 1)
+    assert m.num_tokens == 3 * BS and pool.block_table(r) == m.block_ids
+    with pytest.raises(ValueError, match="already holds pages"):
+        pool.get_computed_blocks(r, now=1.0, max_tokens=4)
+    new = pool.allocate_slots(r, 5, now=1.0, num_computed_tokens=3 * BS)   # 17 tokens -> 5 pages
+    assert len(new) == 2 and pool.block_table(r) == m.block_ids[:3] + new
+    r.num_computed_tokens = 3 * BS + 5
+    assert pool.allocate_slots(r, 3, now=1.0) == []      # 20 tokens still fit in 5 pages
+    assert len(pool.allocate_slots(r, 4, now=1.0)) == 1  # 21 tokens: a 6th page
+    table = list(pool.block_table(r))
+    assert all(pool.ref_count(b) == 1 for b in table)
+    r.num_computed_tokens = 5 * BS + 1
+    assert pool.cache(r, now=2.0) == 2                   # pages 4 and 5 become cache entries (1-3 already were)
+    assert [pool.block_hash(b) for b in table[:5]] == pool_hashes(toks)[:5]
+    assert pool.block_hash(table[5]) is None             # the partial page is not registered
+    pool.free(r, now=3.0)
+    assert pool.block_table(r) == [] and all(pool.ref_count(b) == 0 for b in table)
+    assert pool.peek_prefix(toks) == (5 * BS, 0)         # its full pages stay cached
+    pool.free(r, now=3.0)                                # a request without pages: nothing to do
+    assert pool.num_free_blocks == 16 - 5
+
+
+def test_allocate_slots_is_all_or_nothing():
+    pool = KVCacheManager(4, BS)
+    r = Req("a", tokens(0, 8))
+    assert pool.allocate_slots(r, 5 * BS, now=0.0) is None
+    assert pool.block_table(r) == [] and pool.num_free_blocks == 4
+    assert len(pool.allocate_slots(r, 4 * BS, now=0.0)) == 4

@@ -2,18 +2,19 @@
 every branch (waiting queue / blocked admission, idle, routed credit, SLO slack of decodes and of
 prefilling requests), the KV cap (line 11), n_min (line 12), job order (line 15), credit accrual.
 
-The controller reads only an `IterationView`; `Harness` builds one from a scheduler batch and spends the
-budget with `shadow.jobs.take`, as the engine does."""
+The controller reads only an `IterationView`; `Harness` puts the controller in a real `LLMEngine` and runs the
+engine's own shadow phase (`Scheduler.schedule`'s last phase: plan, then spend_budget on the engine's jobs) and
+postprocess on hand-built batches, so the tests check the engine's wiring too."""
 import math
 
 import pytest
 
+from shadowprefill.engine import LLMEngine, SimulatedExecutor
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.request import Priority, Request
 from shadowprefill.engine.scheduler import ScheduledBatch
-from shadowprefill.kv.manager import KVCacheManager
 from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
-from shadowprefill.shadow.jobs import ShadowJobQueue, complete, take
+from shadowprefill.shadow.jobs import ShadowJobQueue
 from shadowprefill.shadow.predictor import IterationPredictor
 
 BS = 16
@@ -36,26 +37,30 @@ def t_hat(prefill, decode_contexts):
 
 
 class Harness:
-    """The controller with a job queue and a KV cache manager, driven the way the engine drives them."""
+    """The controller inside a real engine (`LLMEngine` over a `SimulatedExecutor` of the test's latency): `plan`
+    runs the scheduler's shadow phase (controller.plan, then spend_budget on the engine's shadow jobs) on a
+    hand-built batch, `complete` and `on_iteration_end` the scheduler's postprocess path."""
 
-    def __init__(self, ctl, kv, jobs, overlap=None):
-        self.ctl, self.kv, self.jobs = ctl, kv, jobs
-        self.overlap = overlap
-        self.last_reload_tokens = 0
+    def __init__(self, engine):
+        object.__setattr__(self, "engine", engine)
+        object.__setattr__(self, "ctl", engine.controller)
+        object.__setattr__(self, "kv", engine.kv)
 
     def __getattr__(self, name):          # credit, delta, cap, branch_counts, tpot_slo ...
+        if name == "jobs":
+            return self.engine.scheduler.shadow.jobs
         return getattr(self.ctl, name)
 
     def __setattr__(self, name, value):
         if name == "credit":
             self.ctl.credit = value
+        elif name == "jobs":
+            self.engine.scheduler.shadow.jobs = value
         else:
             object.__setattr__(self, name, value)
 
     def view(self, b):
-        def free(limit):
-            return self.kv.free_blocks(now=b.now, shadow=True, limit=limit // BS) * BS
-        return b.view(free)
+        return b.view(lambda limit: self.engine.scheduler.free_shadow_tokens(limit, b.now))
 
     def budget(self, b, now):
         assert now == b.now
@@ -65,18 +70,20 @@ class Harness:
         return self.ctl.min_slack(self.view(b))
 
     def plan(self, b, now):
-        chunks = take(self.jobs, self.ctl.plan(self.view(b)), self.kv, now, overlap=self.overlap)
-        b.reload_tokens += sum(c.host_tokens for c in chunks)
-        return chunks
+        assert now == b.now
+        self.engine.scheduler.shadow.phase(b, now)
+        return b.shadow_chunks
 
     def complete(self, chunks, now):
-        return complete(self.jobs, chunks, self.kv, now)
+        b = ScheduledBatch(now)
+        b.shadow_chunks = chunks
+        return self.engine.scheduler.shadow.complete(b, now)
 
     def free_shadow_blocks(self, now):
         return self.kv.free_blocks(now=now, shadow=True)
 
     def on_iteration_end(self, b, duration):
-        self.ctl.end_iteration(duration, busy=b.has_requests, decode_only=b.is_decode_only)
+        self.engine.scheduler.postprocess(b, None, b.now + duration, duration)
 
 
 def controller(mode="harvest-slo", n_min=64, token_budget=2048, idle_cap_s=None, max_seqs=256, latency=None):
@@ -84,12 +91,20 @@ def controller(mode="harvest-slo", n_min=64, token_budget=2048, idle_cap_s=None,
                             max_seqs=max_seqs, margin=M, n_min=n_min, idle_cap_s=idle_cap_s)
 
 
+def engine(latency=None, host_tier=None, **config):
+    cfg = EngineConfig(block_size=BS, tpot_slo_s=T, margin=M, refit_predictor=False, **config)
+    e = LLMEngine(SimulatedExecutor(latency or LinearLatency()), cfg, host_tier=host_tier)
+    for name, value in (("warm_steps", 0), ("growth", None)):     # t̂ trusted as seeded: these tests check
+        if hasattr(e.predictor, name):                             # Algorithm 1 on an exact t̂ (no warm-up)
+            setattr(e.predictor, name, value)
+    return e
+
+
 def make(mode="harvest-slo", num_blocks=1024, n_min=64, token_budget=2048, idle_cap_s=None, shadow_fraction=0.25,
          max_seqs=256):
-    kv = KVCacheManager(num_blocks, BS, shadow_fraction=shadow_fraction)
-    jobs = ShadowJobQueue(BS)
-    ctl = controller(mode, n_min, token_budget, idle_cap_s, max_seqs)
-    return Harness(ctl, kv, jobs), kv, jobs
+    h = Harness(engine(num_blocks=num_blocks, shadow_mode=mode, n_min=n_min, token_budget=token_budget,
+                       idle_cap_s=idle_cap_s, shadow_fraction=shadow_fraction, max_seqs=max_seqs))
+    return h, h.kv, h.jobs
 
 
 def tokens(n, salt=0):
@@ -387,8 +402,6 @@ def test_default_slos_follow_paper_rule():
 
 
 def test_engine_takes_default_slos_from_the_rule():
-    from shadowprefill.engine import LLMEngine, SimulatedExecutor
-
     e = LLMEngine(SimulatedExecutor(LinearLatency()), EngineConfig(num_blocks=512, block_size=BS))
     assert e.tpot_slo == pytest.approx(default_tpot_slo(e.predictor))
     r = e.add_request("r", [1] * 5000, 4)
@@ -426,11 +439,9 @@ class ReloadingLatency(LinearLatency):
 def make_with_host(seconds_per_token, num_blocks=1024):
     from shadowprefill.kv.host_tier import HostTier
 
-    kv = KVCacheManager(num_blocks, BS, host_tier=HostTier(num_pages=4096, page_bytes=1024), page_bytes=1024)
-    jobs = ShadowJobQueue(BS)
-    latency = ReloadingLatency(seconds_per_token)
-    ctl = controller(latency=latency)
-    return Harness(ctl, kv, jobs, overlap=latency.overlapped_time), kv, jobs
+    h = Harness(engine(ReloadingLatency(seconds_per_token), HostTier(num_pages=4096, page_bytes=1024),
+                       num_blocks=num_blocks, page_bytes=1024, n_min=64))
+    return h, h.kv, h.jobs
 
 
 def spill_to_host(pool, toks):
@@ -505,7 +516,7 @@ def test_a_last_chunk_below_n_min_runs_when_it_fits():
     assert budget.max_tokens(0, block_size=BS, remaining=100) == 100       # the tail of a shadow request
     assert budget.max_tokens(0, block_size=BS, remaining=300) >= 256        # not a tail: the usual rule
     tight = controller(n_min=256, idle_cap_s=(W[0] + W[1] * 50 + W[2] * 50 * 50) * (1 + 1e-9))
-    b = tight.plan(Harness(tight, pool, jobs).view(batch_of(1.0)))
+    b = tight.plan(h.view(batch_of(1.0)))
     assert b.max_tokens(0, remaining=100) == 0                              # 100 tokens do not fit in b
     assert b.max_tokens(0, remaining=50) == 50
 

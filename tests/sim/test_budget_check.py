@@ -7,13 +7,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import budget_check  # noqa: E402
 
 import shadowprefill.engine.llm_engine as llm_engine  # noqa: E402
+import shadowprefill.engine.shadow_work as shadow_work  # noqa: E402
 
 
 def test_budget_check_classifies_and_restores():
-    take, step = llm_engine.take, llm_engine.LLMEngine.schedule_step
+    take, step = shadow_work.take, llm_engine.LLMEngine.schedule_step
     out = budget_check.run("fusionbench", "peak", duration=30.0, policy="harvest-slo", warmup=10.0, instances=1,
                            session_rate=0.5)
-    assert llm_engine.take is take and llm_engine.LLMEngine.schedule_step is step
+    assert shadow_work.take is take and llm_engine.LLMEngine.schedule_step is step
     reasons = out["reasons"]
     assert reasons["took chunks"] > 0 and sum(reasons.values()) > reasons["took chunks"]
     assert out["filled_over_b"] and max(out["filled_over_b"]) <= 1.10

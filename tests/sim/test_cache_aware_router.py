@@ -57,9 +57,9 @@ def test_cache_aware_switches_to_the_warm_model_the_sticky_router_stays():
     warm_both = FakeWarm(p, {LARGE: history // 16 * 16, SMALL: history // 16 * 16})   # small shadow-prefilled
     warm_large = FakeWarm(p, {LARGE: history // 16 * 16})                              # no shadow
     ca, sticky = CacheAwareRouter(PAIR), StickyCostRouter(PAIR)
-    assert ca.route_call(s, 1, [LARGE], warm_both) == SMALL
-    assert sticky.route_call(s, 1, [LARGE], warm_both) == LARGE      # it prices the small model cold
-    assert ca.route_call(s, 1, [LARGE], warm_large) == LARGE         # cold small: re-prefill costs more
+    assert ca.route(s, 1, [LARGE], warm_both) == SMALL
+    assert sticky.route(s, 1, [LARGE], warm_both) == LARGE      # it prices the small model cold
+    assert ca.route(s, 1, [LARGE], warm_large) == LARGE         # cold small: re-prefill costs more
     out = 50                                                          # mean of the earlier outputs
     for router, warm in ((ca, warm_both), (sticky, warm_both), (ca, warm_large)):
         for o in router.options(s, 1, [LARGE], warm):
@@ -75,12 +75,12 @@ def test_needed_large_step_is_never_downgraded_at_the_strict_setting():
     warm = FakeWarm(p, {SMALL: 8048})
     for lam in (1.0, 2.0, math.inf):
         for cls in (CacheAwareRouter, StickyCostRouter):
-            assert cls(PAIR, lam).route_call(s, 1, [SMALL], warm) == LARGE
+            assert cls(PAIR, lam).route(s, 1, [SMALL], warm) == LARGE
     saving = 1 - ref_price(SMALL, p, 8048, 50) / ref_price(LARGE, p, 0, 50)
     assert 0.9 < saving < 1
-    assert CacheAwareRouter(PAIR, 0.0).route_call(s, 1, [SMALL], warm) == SMALL
-    assert CacheAwareRouter(PAIR, saving - 1e-6).route_call(s, 1, [SMALL], warm) == SMALL
-    assert CacheAwareRouter(PAIR, saving + 1e-6).route_call(s, 1, [SMALL], warm) == LARGE
+    assert CacheAwareRouter(PAIR, 0.0).route(s, 1, [SMALL], warm) == SMALL
+    assert CacheAwareRouter(PAIR, saving - 1e-6).route(s, 1, [SMALL], warm) == SMALL
+    assert CacheAwareRouter(PAIR, saving + 1e-6).route(s, 1, [SMALL], warm) == LARGE
 
 
 def test_choice_minimises_the_reference_score_on_random_states():
@@ -95,7 +95,7 @@ def test_choice_minimises_the_reference_score_on_random_states():
         lam = float(rng.choice([0.0, rng.uniform(0, 1.2), 1.0, math.inf]))
         history = [route[0]]
         for cls, sees_all in ((CacheAwareRouter, True), (StickyCostRouter, False)):
-            chosen = cls(PAIR, lam).route_call(s, 1, history, FakeWarm(p, cached))
+            chosen = cls(PAIR, lam).route(s, 1, history, FakeWarm(p, cached))
             needed = route[1]
             known = {m: cached[m] if sees_all or m == history[-1] else 0 for m in PAIR}
             price = {m: ref_price(m, p, known[m], s.calls[0].output_tokens) for m in PAIR}
@@ -158,7 +158,7 @@ class PeekingRecorded:
     def __init__(self):
         self.seen = {}
 
-    def route_call(self, session, k, history, warm):
+    def route(self, session, k, history, warm):
         assert isinstance(warm, WarmView) and list(history) == session.models[:k]
         before = pool_state(warm.manager)
         self.seen[(session.session_id, k)] = {m: warm[m] for m in PAIR}
@@ -258,18 +258,18 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="unknown model"):
         StickyCostRouter((SMALL, "no-such-model"))
     with pytest.raises(ValueError, match="call_index"):
-        CacheAwareRouter(PAIR).route_call(s, 2, [LARGE, SMALL], FakeWarm(10, {}))
+        CacheAwareRouter(PAIR).route(s, 2, [LARGE, SMALL], FakeWarm(10, {}))
     with pytest.raises(ValueError, match="history"):
-        CacheAwareRouter(PAIR).route_call(s, 1, [], FakeWarm(10, {}))
+        CacheAwareRouter(PAIR).route(s, 1, [], FakeWarm(10, {}))
     with pytest.raises(TypeError, match="session"):
-        FixedRouter().route_call("s", 0, [])
+        FixedRouter().route("s", 0, [])
     with pytest.raises(ValueError, match="not among the router's models"):
-        CacheAwareRouter((SMALL, "Llama-3.1-8B")).route_call(s, 0, [], FakeWarm(10, {}))
+        CacheAwareRouter((SMALL, "Llama-3.1-8B")).route(s, 0, [], FakeWarm(10, {}))
     with pytest.raises(ValueError, match="call router"):
         make_call_router("random-ish", PAIR)
 
     class Rogue:
-        def route_call(self, session, k, history, warm):
+        def route(self, session, k, history, warm):
             return "Mistral-7B"
 
     with pytest.raises(ValueError, match="not deployed"):

@@ -1,0 +1,100 @@
+"""Simulator speed and pool bookkeeping, before and after a change, measured in one run on one machine.
+
+Exports the `shadowprefill` package of a git revision (default: the merge base with main) next to the
+working tree's, then runs `bench/test_sim_bench.py` (simulated seconds per wall second, GHCP-like, 4 + 4
+instances at ρ = 0.7; simulated seconds per CPU second of the process) and `bench/test_pool_bench.py native`
+(pool bookkeeping per iteration, thread CPU) on each,
+alternating `--rounds` times, and prints a table (median per side, and after / before).
+
+    .venv/bin/python bench/speed_before_after.py --before main --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def export(rev: str, dest: str) -> str:
+    """The package and bench/ of `rev` under dest, with this tree's compiled extensions."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "shadowprefill", "bench"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    for so in glob.glob(os.path.join(ROOT, "shadowprefill", "*.so")):
+        shutil.copy(so, os.path.join(dest, "shadowprefill"))
+    return dest
+
+
+def run(tree: str, args: list[str]) -> str:
+    env = dict(os.environ, PYTHONPATH=tree)
+    out = subprocess.run([sys.executable, *args], cwd=tree, env=env, check=True, capture_output=True, text=True)
+    return out.stdout
+
+
+_SIM = """
+import sys, time
+sys.path.insert(0, "bench")
+from test_sim_bench import build
+sim = build("harvest-slo+host", {sim_seconds})
+t0 = time.process_time()
+sim.run()
+print("RATE", sim.clock.now() / (time.process_time() - t0))
+"""
+
+
+def sim_rate(tree: str, sim_seconds: float) -> float:
+    """Simulated seconds per CPU second of the process (`bench/test_sim_bench.py`'s run; CPU time, not wall
+    time, so that other jobs on a shared machine disturb the comparison less)."""
+    out = run(tree, ["-c", _SIM.format(sim_seconds=sim_seconds)])
+    return float(re.search(r"RATE ([0-9.]+)", out).group(1))
+
+
+def pool_us(tree: str) -> float:
+    out = run(tree, ["bench/test_pool_bench.py", "native"])
+    line = next(l for l in out.splitlines() if l.startswith("[native] pool bookkeeping") and "no hashes=" in l)
+    return float(re.search(r"thread CPU (?:median )?([0-9.]+)", line).group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", default="main", help="git revision measured as 'before'")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sim-seconds", type=float, default=60.0)
+    ap.add_argument("--no-pool", action="store_true", help="skip the pool bookkeeping bench")
+    a = ap.parse_args()
+    if a.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {a.rounds}")
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"before": export(a.before, tmp), "after": ROOT}
+        sims = {k: [] for k in trees}
+        pools = {k: [] for k in trees}
+        for _ in range(a.rounds):
+            for side, tree in trees.items():
+                sims[side].append(sim_rate(tree, a.sim_seconds))
+                if not a.no_pool:
+                    pools[side].append(pool_us(tree))
+    med = {k: statistics.median(v) for k, v in sims.items()}
+    best = {k: max(v) for k, v in sims.items()}
+    print(f"| measure | before ({a.before}) | after | after / before |")
+    print("|---|---|---|---|")
+    print(f"| simulator, simulated s per CPU s (median of {a.rounds}) | {med['before']:.2f} | {med['after']:.2f} | "
+          f"{med['after'] / med['before']:.2f}x |")
+    print(f"| simulator, simulated s per CPU s (best of {a.rounds}) | {best['before']:.2f} | {best['after']:.2f} | "
+          f"{best['after'] / best['before']:.2f}x |")
+    if not a.no_pool:
+        pm = {k: statistics.median(v) for k, v in pools.items()}
+        print(f"| pool bookkeeping, native core, us per iteration (median of {a.rounds}) | {pm['before']:.1f} | "
+              f"{pm['after']:.1f} | {pm['after'] / pm['before']:.2f}x |")
+    print(f"raw: sim {sims}; pool {pools}")
+
+
+if __name__ == "__main__":
+    main()
