@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # The paper's defaults (§3.2, §3.3, §5.1), one place for the engine, the controller and the vLLM plugin:
@@ -17,6 +18,57 @@ MARGIN = 0.1            # SLO margin m of Eq. 1
 N_MIN = 256             # smallest shadow chunk
 SHADOW_FRACTION = 0.25  # cap of the shadow KV class, a fraction of the pool
 COLD_AGE_S = 5.0        # cache entries idle this long may be taken for shadow pages
+
+
+def _number(name: str, value, *, minimum: float = 0.0, strict: bool = False, below: float | None = None,
+            upper: float | None = None, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    ok = math.isfinite(value) and (value > minimum if strict else value >= minimum)
+    ok = ok and (below is None or value < below) and (upper is None or value <= upper)
+    if not ok:
+        bound = (f"> {minimum}" if strict else f">= {minimum}") + (f" and < {below}" if below is not None else "") \
+            + (f" and <= {upper}" if upper is not None else "")
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShadowSettings:
+    """The controller's settings, one declaration for every host: `engine.EngineConfig` and the vLLM
+    plugin's `ShadowSchedulerConfig` inherit them (keyword-only fields, so a host's own positional fields
+    may come first). Defaults are the paper's.
+
+    `beta`: βT, the cap of shadow-only iterations, as a fraction of the TPOT SLO (§3.2); `delta`: the credit
+    rate δ (None: the policy's default, 0.025 Harvest-SLO / 0.1 Harvest); `margin`: the SLO margin m of Eq. 1
+    (the paper does not state its default; Figure 15e sweeps 0-0.4); `n_min`: the smallest shadow chunk
+    (Alg. 1 line 12, appendix C); `shadow_fraction`: the cap of the shadow KV class, a fraction of the pool
+    (§3.3); `cold_age_s`: shadow pages may take cache entries idle this long (§3.3); `tpot_slo_s` /
+    `ttft_slo_s`: fixed SLOs T / F (None: the paper's rule, §5.1). Bad values raise `TypeError` (wrong type)
+    or `ValueError` (out of range) naming the field."""
+
+    beta: float = BETA
+    delta: float | None = None
+    margin: float = MARGIN
+    n_min: int = N_MIN
+    shadow_fraction: float = SHADOW_FRACTION
+    cold_age_s: float = COLD_AGE_S
+    tpot_slo_s: float | None = None
+    ttft_slo_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _number("beta", self.beta)
+        _number("delta", self.delta, allow_none=True)
+        _number("margin", self.margin, below=1.0)
+        if isinstance(self.n_min, bool) or not isinstance(self.n_min, int):
+            raise TypeError(f"n_min must be an int, got {type(self.n_min).__name__}")
+        if self.n_min < 1:
+            raise ValueError(f"n_min must be >= 1, got {self.n_min}")
+        _number("shadow_fraction", self.shadow_fraction, upper=1.0)
+        _number("cold_age_s", self.cold_age_s)
+        _number("tpot_slo_s", self.tpot_slo_s, strict=True, allow_none=True)
+        _number("ttft_slo_s", self.ttft_slo_s, strict=True, allow_none=True)
 
 
 @dataclass(frozen=True)
