@@ -263,9 +263,9 @@ async def yield_scenario(url: str, model: str, *, shadow_blocks: int = 17, shado
             "shadow_output_tokens": len(done["times"])}
 
 
-async def cap_scenario(url: str, model: str, *, cap_blocks: int, shadows: int = 6, blocks_each: int = 24,
+async def cap_scenario(url: str, model: str, *, cap_blocks: int, shadows: int = 6, blocks_each: int = 41,
                        block_size: int = 32, seed: int = 3, settle_s: float = 1.5) -> dict:
-    """Shadows totalling ~1.5x the shadow-KV cap, one after another (each waits for cold shadow entries to
+    """Shadows totalling ~1.5x the shadow-KV cap (`shadows` x `blocks_each`), one after another (each waits for cold shadow entries to
     recycle at the cap); then vLLM's prefix cache is asked how much of each is still cached (a normal request
     of the shadow's prompt, `max_tokens` 1, on a pool far larger than the probes need, so probing evicts
     nothing). The sum is what vLLM's block pool holds of the shadows, against the cap."""

@@ -106,7 +106,7 @@ def itl(report, switched):
 def capped(report, itl):
     p = PEERS["plugin"]["itl"]
     cap = stats("itl")[-1]["shadow_cap_blocks"]
-    result = asyncio.run(cap_scenario(p["url"], p["model"], cap_blocks=cap, block_size=BS))
+    result = asyncio.run(cap_scenario(p["url"], p["model"], cap_blocks=cap, blocks_each=cap // 4 + 1, block_size=BS))
     result["max_shadow_blocks_stat"] = max(r["shadow_blocks"] for r in stats("itl"))
     report["plugin"]["cap"] = result
     return result
