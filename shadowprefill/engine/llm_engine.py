@@ -123,7 +123,8 @@ class LLMEngine:
                                  page_bytes=0 if kv_cache is not None else page_bytes,
                                  shadow_fraction=config.shadow_fraction, cold_age_s=config.cold_age_s,
                                  model_id=config.model_id)
-        self.predictor = IterationPredictor(latency_model, forgetting=config.predictor_forgetting)
+        self.predictor = IterationPredictor(latency_model, forgetting=config.predictor_forgetting,
+                                            probe_tokens=max(1, config.n_min))   # t̂ probes n_min until warm
         self.latency_model = latency_model        # one model: t̂'s seed, host reloads (Alg. 1), placement estimates
         self._overlap = getattr(latency_model, "overlapped_time", None)
         self._host_transfer = getattr(latency_model, "host_transfer_time", None)

@@ -186,11 +186,13 @@ class ShadowController:
 
     `predictor`: `max_chunk(base_s, cached, budget_s)`, `chunk_time(n, cached)`, `prefill_time(n, cached,
     chunk)`, `predict_features(p, pc, d, dc)` (`shadow.predictor.IterationPredictor`). `tpot_slo`: T of βT.
-    `token_budget` / `max_seqs`: the engine's per-iteration limits, which shadow chunks share."""
+    `token_budget` / `max_seqs`: the engine's per-iteration limits, which shadow chunks share. `feedback`:
+    `end_iteration` tells t̂ the measured time of an iteration whose chunks had to fit b (the plan before it);
+    a host with several iterations in flight (the vLLM plugin) passes False and reports them itself."""
 
     def __init__(self, policy: "str | ShadowPolicy", predictor, *, tpot_slo: float, token_budget: int = 2048,
                  max_seqs: int = 256, beta: float = BETA, delta: float | None = None, margin: float = MARGIN,
-                 n_min: int = N_MIN, idle_cap_s: float | None = None) -> None:
+                 n_min: int = N_MIN, idle_cap_s: float | None = None, feedback: bool = True) -> None:
         self.policy = get_shadow_policy(policy)
         for name, value in (("tpot_slo", tpot_slo), ("beta", beta), ("margin", margin)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
@@ -210,6 +212,8 @@ class ShadowController:
         self.branch_counts = {"blocked": 0, "idle": 0, "credit": 0, "slo": 0}
         self.last_branch = ""
         self.last_budget = 0.0
+        self.feedback = feedback         # end_iteration reports b overruns (a host with steps in flight: False)
+        self._planned: ShadowBudget | None = None
 
     # ----------------------------------------------------------------------------------- Alg. 1 1-9
     def budget_seconds(self, view: IterationView) -> tuple[float, str]:
@@ -262,15 +266,16 @@ class ShadowController:
         no shadow work to place, so only the branch is counted (b is not computed; the budget is empty)."""
         branch = self.branch(view)
         self.branch_counts[branch] += 1
-        b = self._seconds(branch, view) if work else 0.0
+        b = self._seconds(branch, view) * self.predictor.budget_scale if work else 0.0   # feedback (predictor.py)
         self.last_branch, self.last_budget = branch, b
         if b <= 0.0:
             return ShadowBudget(0.0, branch, n_min=self.n_min, predictor=self.predictor, view=view,
                                 controller=self)
-        return ShadowBudget(b, branch, n_min=self.n_min, predictor=self.predictor,
-                            base_s=0.0 if branch == "credit" else None,
-                            token_room=self.token_budget - view.num_tokens, seq_room=self.max_seqs - view.num_seqs,
-                            view=view, controller=self)
+        self._planned = ShadowBudget(b, branch, n_min=self.n_min, predictor=self.predictor,
+                                     base_s=0.0 if branch == "credit" else None,
+                                     token_room=self.token_budget - view.num_tokens,
+                                     seq_room=self.max_seqs - view.num_seqs, view=view, controller=self)
+        return self._planned
 
     def set_tpot_slo(self, tpot_slo: float) -> None:
         """Change T (e.g. once an engine's step times are measured): βT follows unless `idle_cap_s` fixed it."""
@@ -289,7 +294,11 @@ class ShadowController:
     def end_iteration(self, duration: float, *, busy: bool, decode_only: bool) -> None:
         """Credit accrual: δ × duration of decode-only iterations (Harvest-SLO) or of every busy iteration
         (Harvest) (§3.2, Table 2). `busy`: the iteration carried routed or normal work; `decode_only`: only
-        decodes (no prefill chunk, no shadow chunk)."""
+        decodes (no prefill chunk, no shadow chunk). With `feedback`, an iteration whose shadow chunks had to
+        fit its whole time in b reports its measured time to t̂ (predictor.feedback)."""
+        planned, self._planned = self._planned, None
+        if self.feedback and planned is not None and planned.tokens and planned.branch != "credit":
+            self.predictor.feedback(planned.seconds, duration)
         policy = self.policy
         if not policy.runs_jobs:
             return

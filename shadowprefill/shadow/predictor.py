@@ -19,7 +19,13 @@ space for long stretches (decode-only iterations; prefill chunks on short contex
 coefficients arbitrarily (t̂ of a 256-token chunk on 32K cached tokens swung 0.6-12x around the truth in
 `test_refit_does_not_wind_up_on_decode_heavy_traffic`), and t̂ admitted shadow chunks that ran an iteration
 up to 4x past its budget b. With the seed kept, directions the recent iterations do not excite
-stay at the seed's fit, and the ones they do excite follow the machine.
+stay at the seed's fit, and the ones they do excite follow the machine. The seed counts at the machine's
+measured speed ratio ρ from the first refit on: a roofline seed for an H100 timed a CPU's steps ~10x too
+fast, and its information, weighted by 1/time², outweighed hundreds of measured steps.
+
+t̂ steers how much shadow work joins an iteration, so `max_chunk` has guardrails that hold whatever the fit
+says (issue 21): probes of n_min until `warm`, a probe where the per-token cost fitted non-positive, chunks
+at most 2x the largest measured prefill step, and budgets shrunk after a shadow step overran 1.5x its bound.
 
 The seed is any object with `iteration_time(prefill, decode_contexts)`: the project's roofline
 (`model.latency.LatencyModel`), or the measured step times of another engine. The predictor is engine-free
@@ -31,6 +37,16 @@ import math
 from typing import Protocol, Sequence
 
 import numpy as np
+
+from shadowprefill.shadow.policy import N_MIN
+
+# Guardrails of max_chunk (issue 21; see IterationPredictor):
+WARM_STEPS = 8            # measured steps with prefill tokens before chunks grow beyond probes
+GROWTH = 2.0              # a chunk is at most this × the largest prefill step measured so far
+OVERRUN = 1.5             # a shadow-carrying step measured past this × its bound shrinks the next budgets
+RECOVER = 2.0 ** (1 / 16)  # ... and the shrink relaxes by this per measured step (halves every 16 steps)
+MIN_SCALE = 1 / 64
+_UNBOUNDED = 1 << 40      # no growth cap (growth=None): more tokens than any step holds
 
 # Feature scales: keep the RLS well conditioned (tokens ~1e3, tokens x context ~1e6, ...).
 _SCALE = np.array([1.0, 1e-3, 1e-6, 1e-2, 1e-5])
@@ -104,17 +120,26 @@ def nnls_normal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class IterationPredictor:
-    """t̂: linear iteration-time model, seeded from a latency model, refitted online.
+    """t̂: linear iteration-time model, seeded from a latency model, refitted online, with guardrails.
 
     `forgetting` λ: the weight an observation keeps per later observation (a memory of about 1/(1−λ)
     iterations). `prior_weight` κ: the seed's batches count as κ observations that forgetting never removes,
     timed at the machine's speed relative to the seed (`speed_ratio`, tracked online), so a machine that is
     uniformly faster or slower than the seed is tracked without bias, and the coefficients the recent
     iterations do not determine keep the seed's shape. `refit_every`: observations between refits (the
-    information gains every observation either way; t̂ changes at the refits)."""
+    information gains every observation either way; t̂ changes at the refits).
+
+    Guardrails (issue 21: a roofline seed for a tiny model on a CPU said prefill was free, the fit settled
+    at zero per-token cost, and `max_chunk` allowed 2,044-token chunks in 15 ms budgets that ran 40-101 ms):
+    `warm` only after `warm_steps` measured steps that carried prefill tokens, and until then chunks are
+    probes of `probe_tokens` (n_min); a non-positive per-token cost also means a probe, never "unbounded";
+    a chunk is at most `growth` × the largest prefill step measured so far (None: no such cap); and a
+    shadow-carrying step measured past `OVERRUN` × its bound shrinks the next budgets (`budget_scale`,
+    which relaxes back by `RECOVER` per measured step)."""
 
     def __init__(self, latency_model: IterationTimeSource, *, forgetting: float = 0.995, max_context: int = 32768,
-                 prior_weight: float = 1.0, refit_every: int = 8) -> None:
+                 prior_weight: float = 1.0, refit_every: int = 8, probe_tokens: int = N_MIN,
+                 warm_steps: int = WARM_STEPS, growth: float | None = GROWTH) -> None:
         if not callable(getattr(latency_model, "iteration_time", None)):
             raise TypeError("latency_model must have an iteration_time(prefill, decode_contexts) method, got "
                             f"{type(latency_model).__name__}")
@@ -124,23 +149,33 @@ class IterationPredictor:
         if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) or \
                 not 0 < prior_weight < math.inf:
             raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight!r}")
-        if isinstance(refit_every, bool) or not isinstance(refit_every, int) or refit_every < 1:
-            raise ValueError(f"refit_every must be an int >= 1, got {refit_every!r}")
+        for name, value, low in (("refit_every", refit_every, 1), ("probe_tokens", probe_tokens, 1),
+                                 ("warm_steps", warm_steps, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if growth is not None and (isinstance(growth, bool) or not isinstance(growth, (int, float))
+                                   or not 1.0 <= growth < math.inf):
+            raise ValueError(f"growth must be None or a finite number >= 1, got {growth!r}")
         self.forgetting = forgetting
         self.num_observations = 0
         x = self._seed_rows(max_context)
-        # κ seed observations' information (normal equations of the relative-error least squares)
+        # κ seed observations' information (normal equations of the relative-error least squares), at ρ = 1
         self._seed_info = x.T @ x * (prior_weight / len(x))
         self._seed_rhs = x.sum(axis=0) * (prior_weight / len(x))
-        self._info, self._rhs = self._seed_info.copy(), self._seed_rhs.copy()
-        self._theta = nnls_normal(self._info, self._rhs)
+        self._info, self._rhs = np.zeros_like(self._seed_info), np.zeros_like(self._seed_rhs)   # observations
+        self._theta = nnls_normal(self._seed_info, self._seed_rhs)
         self._set_weights()
         self._seed_w = self.coefficients
         self._ratio = [0.0, 0.0]         # forgetting-weighted sums of observed / seed-predicted time, and of 1
         self.speed_ratio = 1.0           # ρ: observed over seed-predicted iteration time
         self.refit_every = refit_every
         self._rows: list[tuple] = []     # observations not yet folded in (scaled features / duration)
-        self._pending = [0.0, 0.0]       # their seed shares (information, right-hand side)
+        # guardrails
+        self.probe_tokens, self.warm_steps, self.growth = probe_tokens, warm_steps, growth
+        self.prefill_steps = 0           # measured steps that carried prefill tokens
+        self.largest_prefill = 0         # the most prefill tokens of a measured step
+        self.budget_scale = 1.0          # feedback from measured time: the next budgets are b × this
+        self.overruns = 0                # shadow-carrying steps measured past OVERRUN × their bound
 
     # --------------------------------------------------------------------------------------- fitting
     def _seed_rows(self, max_context: int) -> np.ndarray:
@@ -160,17 +195,20 @@ class IterationPredictor:
         self.w0, self.w1, self.w2, self.w3, self.w4 = w.tolist()
 
     def observe(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int],
-                duration: float) -> None:
-        """Refit with one observed iteration."""
+                duration: float, bound_s: float | None = None) -> None:
+        """Refit with one observed iteration. `bound_s`: the time a shadow-carrying step was allowed (b, or
+        t̂(B) + b where b bounds only the shadow's added time); a step measured past OVERRUN × bound_s
+        shrinks the next budgets (`feedback`)."""
         self.observe_features(batch_features(prefill, decode_contexts), duration)
+        if bound_s is not None:
+            self.feedback(bound_s, duration)
 
     def observe_features(self, features: tuple, duration: float) -> None:
-        """One observation, weighted by 1/duration (relative error): the information decays by λ and gains
-        the observation's and the (1−λ) share of the seed's at speed ρ that keeps the seed at κ observations
-        (stabilized forgetting: nothing winds up where recent iterations carry no information); then, every
-        `refit_every` observations, the non-negative least-squares refit. Observations are kept as rows
-        and folded into the information in one product at the refit (the same sums as one update per
-        observation: row i of k is weighted λ^(k-1-i), the seed by the summed per-step shares)."""
+        """One observation, weighted by 1/duration (relative error): its information decays by λ per later
+        observation; the seed counts as κ observations at the current speed ratio ρ (stabilized forgetting:
+        nothing winds up where recent iterations carry no information, and a seed far faster or slower than
+        the machine never outweighs what was measured). Every `refit_every` observations, the non-negative
+        least-squares refit. Observations are kept as rows and folded in with one product at the refit."""
         if not duration > 0 or not math.isfinite(duration):
             return
         lam = self.forgetting
@@ -180,16 +218,25 @@ class IterationPredictor:
             ratio[0] = lam * ratio[0] + duration / seed_t
             ratio[1] = lam * ratio[1] + 1.0
             self.speed_ratio = ratio[0] / ratio[1]
-        keep = (1.0 - lam) / self.speed_ratio              # the seed's rows timed at ρ × their seed time
-        pending = self._pending
-        pending[0] = pending[0] * lam + keep / self.speed_ratio      # seed share of the information
-        pending[1] = pending[1] * lam + keep                         # ... and of the right-hand side
         inv = 1.0 / duration
         self._rows.append((inv, features[0] * _SCALE_LIST[1] * inv, features[1] * _SCALE_LIST[2] * inv,
                            features[2] * _SCALE_LIST[3] * inv, features[3] * _SCALE_LIST[4] * inv))
         self.num_observations += 1
+        if features[0] > 0:
+            self.prefill_steps += 1
+            self.largest_prefill = max(self.largest_prefill, int(features[0]))
+        self.budget_scale = min(1.0, self.budget_scale * RECOVER)
         if len(self._rows) >= self.refit_every:
             self.refit()
+
+    def feedback(self, bound_s: float, duration: float) -> None:
+        """A shadow-carrying step allowed `bound_s` ran `duration`: past OVERRUN × bound_s, the next budgets
+        shrink by bound_s / duration (down to MIN_SCALE; the controller multiplies b by `budget_scale`) and
+        t̂ refits at once; the shrink relaxes by RECOVER per measured step."""
+        if bound_s > 0 and math.isfinite(duration) and duration > OVERRUN * bound_s:
+            self.budget_scale = max(MIN_SCALE, self.budget_scale * bound_s / duration)
+            self.overruns += 1
+            self.refit()                         # and t̂ learns from the overrun now, not refit_every steps later
 
     def refit(self) -> None:
         """Fold the pending observations into the information and solve (Lawson-Hanson NNLS)."""
@@ -199,17 +246,29 @@ class IterationPredictor:
         k, lam = len(rows), self.forgetting
         x = np.array(rows)
         w = lam ** np.arange(k - 1, -1, -1, dtype=np.float64)     # row i decays k-1-i more times
-        info, rhs = self._info, self._rhs
-        info *= lam ** k
-        info += (x.T * w) @ x
-        info += self._seed_info * self._pending[0]
-        rhs *= lam ** k
-        rhs += w @ x
-        rhs += self._seed_rhs * self._pending[1]
-        self._pending = [0.0, 0.0]
+        self._info *= lam ** k
+        self._info += (x.T * w) @ x
+        self._rhs *= lam ** k
+        self._rhs += w @ x
         rows.clear()
-        self._theta = nnls_normal(info, rhs)
+        rho = self.speed_ratio                                    # the seed's rows timed at ρ × their seed time
+        self._theta = nnls_normal(self._info + self._seed_info / (rho * rho), self._rhs + self._seed_rhs / rho)
         self._set_weights()
+
+    # ----------------------------------------------------------------------------------- guardrails
+    @property
+    def warm(self) -> bool:
+        """Whether t̂ was measured on `warm_steps` steps with prefill tokens (else chunks are probes)."""
+        return self.prefill_steps >= self.warm_steps
+
+    def chunk_limit(self) -> int:
+        """The most shadow tokens one chunk may have now: a probe (n_min) until warm, then `growth` × the
+        largest prefill step measured so far (never below a probe)."""
+        if not self.warm:
+            return self.probe_tokens
+        if self.growth is None:
+            return _UNBOUNDED
+        return max(self.probe_tokens, int(self.growth * self.largest_prefill))
 
     # ------------------------------------------------------------------------------------ prediction
     @property
@@ -242,21 +301,20 @@ class IterationPredictor:
         return self.w0 + self.w3 * batch + self.w4 * context * batch
 
     def max_chunk(self, base_time: float, cached: int, budget: float) -> int:
-        """Largest k >= 0 with base_time + chunk_time(k, cached) <= budget (Alg. 1 line 10).
-
-        Returns a large sentinel (2**62) when the budget does not bound k (zero slopes).
-        """
+        """Largest k >= 0 with base_time + chunk_time(k, cached) <= budget (Alg. 1 line 10), at most
+        chunk_limit(). Where t̂ charges no per-token cost (zero slopes) the budget cannot bound k: a probe of
+        `probe_tokens` (whatever fits in time then is unknown until it is measured)."""
         room = budget - base_time
         if not room >= 0:
             return 0
+        limit = self.chunk_limit()
         a, b = self.w2, self.w1 + self.w2 * cached
-        if a <= 0.0:
-            k = 2 ** 62 if b <= 0.0 else int(room / b)
-        else:
-            k = int((-b + math.sqrt(b * b + 4.0 * a * room)) / (2.0 * a))
-        k = min(max(k, 0), 2 ** 62)
+        if a <= 0.0 and b <= 0.0:
+            return min(self.probe_tokens, limit)
+        x = room / b if a <= 0.0 else (-b + math.sqrt(b * b + 4.0 * a * room)) / (2.0 * a)
+        k = int(min(max(x, 0.0), float(limit)))
         while k > 0 and base_time + self.chunk_time(k, cached) > budget:   # float rounding
             k -= 1
-        while k < 2 ** 62 and base_time + self.chunk_time(k + 1, cached) <= budget:
+        while k < limit and base_time + self.chunk_time(k + 1, cached) <= budget:
             k += 1
         return k

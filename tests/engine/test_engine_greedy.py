@@ -145,6 +145,7 @@ def test_shadow_on_idle_engine_serves_switch_call(tiny_model, mode):
     bs = 16
     cfg = dict(num_blocks=64, token_budget=32, n_min=16, idle_cap_s=10.0)
     engine = LLMEngine(tiny_model, EngineConfig(shadow_mode=mode, **cfg))
+    engine.predictor.warm_steps, engine.predictor.growth = 0, None    # t̂ trusted: no n_min probes first
     seen = record_batches(engine)
     history = rand_tokens(rng, 100)
     engine.add_shadow("s", history, switch_prob=0.9)

@@ -170,6 +170,7 @@ def test_an_under_predicting_t_hat_shows_as_iterations_over_budget():
     e = LLMEngine(SimulatedExecutor(ScaledLatency(2.0)),
                   EngineConfig(shadow_mode="harvest-slo", tpot_slo_s=0.05, num_blocks=4096, n_min=32,
                                token_budget=512, refit_predictor=False), latency_model=LinearLatency())
+    e.predictor.warm_steps, e.predictor.growth = 0, None       # trusted as seeded (never measured: no warm-up)
     for i in range(6):
         e.add_request(f"n{i}", toks(200 + 50 * i, i), 40, tpot_slo=0.2)
     for i in range(2):
@@ -205,6 +206,7 @@ def test_credit_lets_shadow_ride_routed_decodes():
 
 def test_has_work_stalls_and_rearms():
     e = engine("harvest-slo", n_min=256)
+    e.predictor.warm_steps, e.predictor.growth = 0, None       # t̂ trusted: no n_min probes first
     e.add_shadow("s", toks(200, 1))                             # 192 pending < n_min: deferred
     assert not e.has_work()
     assert e.step() == []

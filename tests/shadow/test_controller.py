@@ -87,7 +87,9 @@ class Harness:
 
 
 def controller(mode="harvest-slo", n_min=64, token_budget=2048, idle_cap_s=None, max_seqs=256, latency=None):
-    return ShadowController(mode, IterationPredictor(latency or LinearLatency()), tpot_slo=T, token_budget=token_budget,
+    # t̂ trusted as seeded (no warm-up probes, no growth cap): these tests check Algorithm 1 on an exact t̂
+    pred = IterationPredictor(latency or LinearLatency(), warm_steps=0, growth=None)
+    return ShadowController(mode, pred, tpot_slo=T, token_budget=token_budget,
                             max_seqs=max_seqs, margin=M, n_min=n_min, idle_cap_s=idle_cap_s)
 
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from shadowprefill.model.latency import LatencyModel
+from shadowprefill.shadow.controller import ShadowController
 from shadowprefill.shadow.predictor import IterationPredictor, batch_features, nnls_normal
+from shadowprefill.shadow.view import IterationView
 
 
 class Linear:
@@ -126,7 +128,7 @@ def test_bad_observations_are_ignored():
 
 @pytest.mark.parametrize("w", [(1e-3, 2e-5, 1e-9, 0, 0), (1e-3, 2e-5, 0.0, 0, 0), (0, 0, 3e-9, 0, 0)])
 def test_max_chunk_equals_brute_force(w):
-    pred = IterationPredictor(Linear(w))
+    pred = IterationPredictor(Linear(w), warm_steps=0, growth=None)      # the closed form alone
     rng = random.Random(3)
     for _ in range(200):
         base = rng.uniform(0, 0.01)
@@ -137,8 +139,83 @@ def test_max_chunk_equals_brute_force(w):
             assert k == 0
             continue
         fits = lambda n: base + pred.chunk_time(n, cached) <= budget   # noqa: E731
-        if k < 2 ** 62:
-            assert fits(k) and not fits(k + 1)
+        assert fits(k) and not fits(k + 1)
+
+
+# ------------------------------------------------------------------------------ guardrails (issue 21)
+def test_zero_per_token_cost_means_a_probe_never_unbounded():
+    pred = IterationPredictor(Linear((5e-3, 0.0, 0.0, 1e-4, 0.0)), probe_tokens=32, warm_steps=0, growth=None)
+    assert pred.w1 == pred.w2 == 0.0
+    for budget in (5e-3, 0.015, 10.0):
+        assert pred.max_chunk(5e-3, 0, budget) == 32
+        assert pred.max_chunk(5e-3, 4096, budget) == 32
+    assert pred.max_chunk(6e-3, 0, 5e-3) == 0                       # over b already: nothing
+
+
+def test_cold_until_the_stated_number_of_prefill_steps():
+    w = (1e-3, 2e-5, 1e-9, 1e-4, 1e-8)
+    pred = IterationPredictor(Linear(w), probe_tokens=64, warm_steps=3)
+    big = pred.max_chunk(0.0, 0, 1.0)
+    assert big == 64 and not pred.warm
+    for _ in range(50):                                            # decode-only steps do not warm t̂
+        pred.observe([], [100, 200], Linear(w).iteration_time([], [100, 200]))
+    assert not pred.warm and pred.max_chunk(0.0, 0, 1.0) == 64
+    for i in range(3):
+        assert not pred.warm
+        pred.observe([(100, 0)], [100], Linear(w).iteration_time([(100, 0)], [100]))
+    assert pred.warm and pred.prefill_steps == 3
+    assert pred.max_chunk(0.0, 0, 1.0) == 200                      # 2x the largest measured prefill step
+
+
+def test_a_chunk_grows_at_most_twice_the_largest_measured_step():
+    w = (1e-3, 2e-5, 1e-9, 1e-4, 1e-8)
+    truth = Linear(w)
+    pred = IterationPredictor(truth, probe_tokens=32, warm_steps=1)
+    rng = random.Random(5)
+    largest = 0
+    for _ in range(60):
+        budget = rng.uniform(0.01, 1.0)
+        k = pred.max_chunk(0.0, 0, budget)
+        assert k <= max(32, 2 * largest)
+        if k:
+            pred.observe([(k, 0)], [], truth.iteration_time([(k, 0)], []))
+            largest = max(largest, k)
+    assert largest > 1000                                           # it did grow, doubling at most
+
+
+def test_an_overrun_shrinks_the_next_budget_and_relaxes_back():
+    lm = Linear((1e-3, 2e-5, 0.0, 1e-4, 0.0))
+    pred = IterationPredictor(lm, warm_steps=0, growth=None)
+    ctl = ShadowController("harvest-slo", pred, tpot_slo=0.03)
+    assert ctl.plan(idle_view()).seconds == pytest.approx(0.015)
+    pred.observe([(2044, 0)], [], 0.0225, bound_s=0.015)          # 1.5 b: not an overrun
+    assert pred.budget_scale == 1.0 and pred.overruns == 0
+    pred.observe([(2044, 0)], [], 0.101, bound_s=0.015)           # the reproduction's 101 ms step
+    assert pred.overruns == 1 and pred.budget_scale == pytest.approx(0.015 / 0.101)
+    b = ctl.plan(idle_view()).seconds
+    assert b == pytest.approx(0.015 * 0.015 / 0.101)
+    for _ in range(200):                                            # steps within bounds: back to b = βT
+        pred.observe([], [100], lm.iteration_time([], [100]))
+    assert ctl.plan(idle_view()).seconds == pytest.approx(0.015)
+
+
+@pytest.mark.parametrize("feedback", [True, False])
+def test_the_controller_reports_an_overrun_iteration_to_t_hat(feedback):
+    """The engine's path: plan -> chunks taken -> end_iteration(measured) feeds the overrun back, unless the host
+    reports steps itself (feedback=False, the vLLM plugin); a plan without chunks reports nothing."""
+    pred = IterationPredictor(Linear((1e-3, 2e-5, 0.0, 1e-4, 0.0)), warm_steps=0, growth=None)
+    ctl = ShadowController("harvest-slo", pred, tpot_slo=0.03, feedback=feedback)
+    ctl.plan(idle_view())
+    ctl.end_iteration(0.101, busy=False, decode_only=False)                 # no chunk taken: nothing to report
+    assert pred.budget_scale == 1.0
+    budget = ctl.plan(idle_view())
+    budget.take(budget.max_tokens(0), 0)
+    ctl.end_iteration(0.101, busy=False, decode_only=False)
+    assert pred.budget_scale == (pytest.approx(0.015 / 0.101) if feedback else 1.0)
+
+
+def idle_view():
+    return IterationView(0.0, [], [], False, free_shadow_tokens=1 << 20)
 
 
 def test_prefill_and_decode_time():
@@ -186,3 +263,7 @@ def test_validation():
             IterationPredictor(Linear((1e-3, 1e-5, 1e-9, 1e-4, 1e-8)), prior_weight=bad)
     with pytest.raises(TypeError, match="latency_model"):
         IterationPredictor(None)
+    for name, bad in (("probe_tokens", 0), ("probe_tokens", 1.5), ("warm_steps", -1), ("growth", 0.5),
+                      ("growth", float("inf"))):
+        with pytest.raises(ValueError, match=name):
+            IterationPredictor(Linear((1e-3, 1e-5, 1e-9, 1e-4, 1e-8)), **{name: bad})

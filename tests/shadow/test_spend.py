@@ -158,7 +158,7 @@ class LinearLatency:
 def test_real_budget_line_10_is_tight():
     """Idle branch, b = βT: every chunk keeps t̂ of the iteration within b, and one more page would not."""
     lat = LinearLatency()
-    ctl = ShadowController("harvest-slo", IterationPredictor(lat), tpot_slo=0.05, n_min=64)
+    ctl = ShadowController("harvest-slo", IterationPredictor(lat, warm_steps=0, growth=None), tpot_slo=0.05, n_min=64)
     view = IterationView(now=0.0, decodes=[], prefills=[], has_routed=False, free_shadow_tokens=10**6)
     budget = ctl.plan(view)
     b = budget.seconds

@@ -2,6 +2,7 @@
 
     python tests/vllm_harness/shadow_scenario.py itl   --url URL --model NAME --out FILE [--shadows 3]
     python tests/vllm_harness/shadow_scenario.py evict --url URL --model NAME --out FILE
+    (also: yield, promote, switch; cap_scenario is run by the suite, against the plugin only)
 
 `itl`: a steady stream of streaming normal requests (priority 1, so decodes always run) for a baseline
 window without shadows, then the same stream with a burst of long shadow requests (priority 1000,
@@ -76,9 +77,9 @@ async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[
 
 
 async def completion(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int,
-                     priority: int) -> dict:
+                     priority: int, **extra) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "priority": priority, "return_token_ids": True}
+            "priority": priority, "return_token_ids": True, **extra}
     t0 = time.perf_counter()
     r = await client.post("/v1/completions", json=body)
     r.raise_for_status()
@@ -262,19 +263,86 @@ async def yield_scenario(url: str, model: str, *, shadow_blocks: int = 17, shado
             "shadow_output_tokens": len(done["times"])}
 
 
+async def cap_scenario(url: str, model: str, *, cap_blocks: int, shadows: int = 6, blocks_each: int = 41,
+                       block_size: int = 32, seed: int = 3, settle_s: float = 1.5) -> dict:
+    """Shadows totalling ~1.5x the shadow-KV cap (`shadows` x `blocks_each`), one after another (each waits for cold shadow entries to
+    recycle at the cap); then vLLM's prefix cache is asked how much of each is still cached (a normal request
+    of the shadow's prompt, `max_tokens` 1, on a pool far larger than the probes need, so probing evicts
+    nothing). The sum is what vLLM's block pool holds of the shadows, against the cap."""
+    rng = random.Random(seed)
+    prompts = [ids(rng, blocks_each * block_size) for _ in range(shadows)]
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
+        total = await num_gpu_blocks(client)
+        for p in prompts:
+            await completion(client, model, p, 1, SHADOW_PRIORITY)
+            await asyncio.sleep(settle_s)              # older shadow entries turn cold (cold_age_s) meanwhile
+        cached = [cached_of((await completion(client, model, p, 1, NORMAL_PRIORITY))["usage"]) for p in prompts]
+    return {"model": model, "num_gpu_blocks": total, "cap_blocks": cap_blocks, "shadows": shadows,
+            "blocks_each": blocks_each, "block_size": block_size, "cached_tokens": cached,
+            "cached_blocks": sum(c // block_size for c in cached), "sent_blocks": shadows * blocks_each}
+
+
+async def promote_scenario(url: str, model: str, *, blocks: int = 16, evict: int = 8, block_size: int = 32,
+                           seed: int = 4) -> dict:
+    """Shadow S1, then a normal request A = S1's prompt (a prefix hit: S1's blocks are promoted), then shadow
+    S2, then a filler needing `evict` more blocks than are free: the evict-first class gives up S2's blocks
+    and A keeps S1's. On stock vLLM (LRU) S1/A's blocks, freed before S2's, go first."""
+    rng = random.Random(seed)
+    s1, s2 = ids(rng, blocks * block_size + 1), ids(rng, blocks * block_size + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
+        (await client.post("/reset_prefix_cache")).raise_for_status()     # VLLM_SERVER_DEV_MODE=1: start empty
+        total = await num_gpu_blocks(client)
+        await completion(client, model, s1, 1, SHADOW_PRIORITY)
+        hit = cached_of((await completion(client, model, s1, 1, NORMAL_PRIORITY))["usage"])
+        await completion(client, model, s2, 1, SHADOW_PRIORITY)
+        filler_blocks = (total - 1 - 2 * blocks) + evict
+        await completion(client, model, ids(rng, filler_blocks * block_size - 1), 1, NORMAL_PRIORITY)
+        again_a = cached_of((await completion(client, model, s1, 1, NORMAL_PRIORITY))["usage"])
+        again_s2 = cached_of((await completion(client, model, s2, 1, NORMAL_PRIORITY))["usage"])
+    return {"model": model, "num_gpu_blocks": total, "blocks": blocks, "evict": evict, "block_size": block_size,
+            "first_hit": hit, "promoted_cached_after": again_a, "shadow_cached_after": again_s2}
+
+
+async def switch_scenario(url: str, model: str, *, blocks: int = 20, block_size: int = 32, seed: int = 5,
+                          new_tokens: int = 40, max_tokens: int = 12) -> dict:
+    """A shadow of `blocks` blocks, then its switch call (the shadow's prompt + `new_tokens`, routed, greedy,
+    with logprobs) served from the shadow's KV, and a cold run of the same prompt under another cache_salt
+    (no prefix hits). The server runs float32, so the two outputs must be the same tokens."""
+    rng = random.Random(seed)
+    shadow = ids(rng, blocks * block_size)
+    prompt = shadow + ids(rng, new_tokens)
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
+        t0 = time.time()
+        await completion(client, model, shadow, 1, SHADOW_PRIORITY)
+        warm = await completion(client, model, prompt, max_tokens, ROUTED_PRIORITY, logprobs=1)
+        cold = await completion(client, model, prompt, max_tokens, ROUTED_PRIORITY, logprobs=1,
+                                cache_salt="cold-run")
+    return {"model": model, "blocks": blocks, "block_size": block_size, "shadow_sent_at": t0,
+            "shadow_len": len(shadow), "prompt_tokens": warm["usage"]["prompt_tokens"],
+            "warm_cached_tokens": cached_of(warm["usage"]), "cold_cached_tokens": cached_of(cold["usage"]),
+            "warm_tokens": warm["token_ids"], "cold_tokens": cold["token_ids"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=("itl", "evict", "yield"))
+    ap.add_argument("scenario", choices=("itl", "evict", "yield", "promote", "switch"))
     ap.add_argument("--url", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shadows", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0, help="itl: prompts (each run on one server needs its own)")
+    ap.add_argument("--shadow-len", type=int, default=3000, help="itl: tokens of each shadow")
+    ap.add_argument("--streams", type=int, default=4, help="itl: streaming normal clients")
     args = ap.parse_args()
     if args.scenario == "itl":
-        result = asyncio.run(itl_scenario(args.url, args.model, shadows=args.shadows, seed=args.seed))
+        result = asyncio.run(itl_scenario(args.url, args.model, shadows=args.shadows, seed=args.seed,
+                                          shadow_len=args.shadow_len, streams=args.streams))
     elif args.scenario == "evict":
         result = asyncio.run(evict_scenario(args.url, args.model))
+    elif args.scenario == "promote":
+        result = asyncio.run(promote_scenario(args.url, args.model))
+    elif args.scenario == "switch":
+        result = asyncio.run(switch_scenario(args.url, args.model))
     else:
         result = asyncio.run(yield_scenario(args.url, args.model))
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -44,6 +44,10 @@ def main(path: str) -> None:
     print(row("vLLM 0.32 CPU, priority scheduling", stock, "up to 2048 (vLLM's chunk), not observable"))
     print(row(f"vLLM 0.32 CPU + ShadowScheduler (T = {st['tpot_slo_s'] * 1e3:.0f} ms)", plugin,
               f"mean {st['shadow_tokens_mean']:.0f}, max {st['shadow_tokens_max']} ({st['shadow_steps']} steps)"))
+    if st.get("shadow_step_s"):
+        print(f"plugin: shadow-carrying steps measured / b: p50 {st['duration_over_b_p50']:.2f}, max "
+              f"{st['duration_over_b_max']:.2f} over {len(st['shadow_step_s'])} steps ({st['overruns']} past 1.5 b); "
+              f"chunks per shadow {st['chunks_per_shadow']}")
     for name in ("stock", "plugin"):
         e, y = rep[name]["evict"], rep[name]["yield"]
         print(f"{name}: pressure ({e['num_gpu_blocks']} blocks): normal prefix cached after {e['normal_cached_after']}"

@@ -2,9 +2,10 @@
 
     SP_SHADOW_PEERS=peers.json [SP_SHADOW_REPORT=out.json] python -m pytest -q tests/vllm_harness/suite_shadow_scheduler.py
 
-peers.json (written by run.sh): the plugin servers (`itl`: tpot_slo_s given; `pressure`: a small KV pool), their
-stats files, the results of the same scenarios on stock vLLM (priority scheduling), and the log of a server
-started with a bad SHADOWPREFILL_VLLM. Scenarios: shadow_scenario.py. Wall-clock latencies are measured and
+peers.json (written by run.sh): the plugin servers (`itl`: the issue-21 reproduction, small model in float32,
+T = 30 ms, a small shadow cap; `pressure`: a small KV pool), their stats files, the results of the same
+scenarios on stock vLLM (priority scheduling), and the logs of servers started with a bad SHADOWPREFILL_VLLM
+and with a renamed vLLM internal. Scenarios: shadow_scenario.py. Wall-clock latencies are measured and
 reported (SP_SHADOW_REPORT, the README table), never asserted (project rule); the assertions are on what the
 scheduler decides: the per-step stats, cached tokens, which blocks survive, who is preempted, outputs.
 """
@@ -20,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.vllm_harness.shadow_scenario import evict_scenario, itl_scenario, yield_scenario
+from tests.vllm_harness.shadow_scenario import (cap_scenario, evict_scenario, itl_scenario, promote_scenario,
+                                                switch_scenario, yield_scenario)
 
 EPS = 1e-9
 
@@ -52,21 +54,61 @@ def report():
         Path(os.environ["SP_SHADOW_REPORT"]).write_text(json.dumps(rep, indent=1))
 
 
+def chunks_by_request(rows) -> dict[str, list[int]]:
+    """Shadow chunk sizes per vLLM request id, in step order."""
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        for rid, n, _ in r.get("shadow_reqs", ()):
+            out.setdefault(rid, []).append(n)
+    return out
+
+
 @pytest.fixture(scope="module")
-def itl(report):
+def switched(report):
+    """Runs first on the fresh itl server: its t̂ is cold, so the shadow runs in n_min probes."""
     p = PEERS["plugin"]["itl"]
-    result = asyncio.run(itl_scenario(p["url"], p["model"], block_size=BS))
-    rows = stats("itl")
+    result = asyncio.run(switch_scenario(p["url"], p["model"], block_size=BS))
+    after = [r for r in stats("itl") if r["t"] >= result["shadow_sent_at"]]
+    result["shadow_chunks"] = next(iter(chunks_by_request(after).values()), [])
+    report["plugin"]["switch"] = result
+    return result
+
+
+@pytest.fixture(scope="module")
+def itl(report, switched):
+    """The issue-21 reproduction: small model, T = 30 ms, three streaming clients, three 1,500-token shadows."""
+    p = PEERS["plugin"]["itl"]
+    t_start = time.time()
+    result = asyncio.run(itl_scenario(p["url"], p["model"], block_size=BS, shadows=p["shadows"],
+                                      shadow_len=p["shadow_len"], streams=p["streams"]))
+    rows = [r for r in stats("itl") if r["t"] >= t_start]
     lo, hi = (w + result["clock_offset"] for w in result["window"]["shadow"])
     shadow_steps = [r for r in rows if r["shadow_tokens"] > 0]
+    ratios = sorted(r["duration_s"] / r["budget_s"] for r in shadow_steps if r["budget_s"] > 0)
     result["stats"] = {
         "steps": len(rows), "shadow_steps": len(shadow_steps),
         "shadow_tokens_mean": sum(r["shadow_tokens"] for r in shadow_steps) / max(1, len(shadow_steps)),
         "shadow_tokens_max": max((r["shadow_tokens"] for r in shadow_steps), default=0),
         "steps_in_window": sum(lo <= r["t"] <= hi for r in rows), "tpot_slo_s": rows[-1]["tpot_slo_s"],
         "branches": sorted({r["branch"] for r in shadow_steps}),
+        # measured duration of each shadow-carrying step beside its budget b (reported, not asserted)
+        "shadow_step_s": [[r["shadow_tokens"], round(r["budget_s"], 6), r["duration_s"]] for r in shadow_steps],
+        "duration_over_b_p50": ratios[len(ratios) // 2] if ratios else None,
+        "duration_over_b_max": ratios[-1] if ratios else None,
+        "overruns": rows[-1]["overruns"] - rows[0]["overruns"] if rows else 0,
+        "chunks_per_shadow": [len(c) for c in chunks_by_request(rows).values()],
     }
     report["plugin"]["itl"] = result
+    return result
+
+
+@pytest.fixture(scope="module")
+def capped(report, itl):
+    p = PEERS["plugin"]["itl"]
+    cap = stats("itl")[-1]["shadow_cap_blocks"]
+    result = asyncio.run(cap_scenario(p["url"], p["model"], cap_blocks=cap, blocks_each=cap // 4 + 1, block_size=BS))
+    result["max_shadow_blocks_stat"] = max(r["shadow_blocks"] for r in stats("itl"))
+    report["plugin"]["cap"] = result
     return result
 
 
@@ -78,7 +120,14 @@ def evicted(report):
 
 
 @pytest.fixture(scope="module")
-def yielded(report, evicted):
+def promoted(report, evicted):
+    p = PEERS["plugin"]["pressure"]
+    report["plugin"]["promote"] = result = asyncio.run(promote_scenario(p["url"], p["model"], block_size=BS))
+    return result
+
+
+@pytest.fixture(scope="module")
+def yielded(report, promoted):
     p = PEERS["plugin"]["pressure"]
     path, start = Path(p["stats"]), time.time()
 
@@ -92,7 +141,20 @@ def yielded(report, evicted):
     return result
 
 
-# ------------------------------------------------------------------------------------------- ITL scenario
+# ------------------------------------------------------------------- the issue-21 reproduction (T = 30 ms)
+def test_reproduction_each_shadow_runs_in_at_least_three_chunks(itl):
+    """Before the t̂ guardrails each 1,500-token shadow ran as one chunk of up to 2,044 tokens."""
+    chunks = itl["stats"]["chunks_per_shadow"]
+    assert len(chunks) == itl["shadows"], chunks
+    assert all(c >= 3 for c in chunks), chunks
+    assert itl["stats"]["shadow_tokens_max"] < itl["shadow_len"]
+
+
+def test_shadow_steps_record_their_measured_duration_beside_b(itl):
+    steps = itl["stats"]["shadow_step_s"]
+    assert steps and all(n > 0 and b > 0 and d > 0 for n, b, d in steps)
+
+
 def test_switch_call_after_each_shadow_finds_its_whole_blocks_cached(itl):
     assert len(itl["switches"]) == itl["shadows"]
     for sw in itl["switches"]:
@@ -126,7 +188,16 @@ def test_budgeted_steps_are_predicted_within_b(itl):
         assert r["budget_s"] <= r["tpot_slo_s"] * 0.5 * (1 + 1e-6) + EPS, r       # capped at beta * T
 
 
-def test_shadow_kv_never_exceeds_the_cap(itl, evicted, yielded):
+def test_cap_is_reached_and_held_in_vllms_block_pool(capped):
+    """Shadows worth ~1.5x the cap were sent; vLLM's prefix cache (asked with normal requests afterwards)
+    holds at most the cap's worth of them, and nearly all of it: the cap was reached, and held."""
+    cap, each = capped["cap_blocks"], capped["blocks_each"]
+    assert capped["sent_blocks"] > cap
+    assert cap - each <= capped["cached_blocks"] <= cap, capped
+    assert capped["max_shadow_blocks_stat"] >= cap - 1
+
+
+def test_shadow_kv_never_exceeds_the_cap(itl, capped, evicted, yielded):
     for name in ("itl", "pressure"):
         for r in stats(name):
             assert r["shadow_blocks"] <= r["shadow_cap_blocks"], (name, r)
@@ -150,6 +221,25 @@ def test_shadow_blocks_are_evicted_before_normal_ones(evicted, report):
     assert last["shadow_evicted_blocks"] >= k
     stock = report["stock"]["evict"]                                # vLLM's LRU alone: the normal prefix goes
     assert stock["normal_cached_after"] < a * BS
+
+
+def test_promoted_blocks_survive_a_filler_that_evicts_shadow_entries(promoted, report):
+    n = promoted["blocks"] * BS
+    assert promoted["first_hit"] == n                           # the normal request hit the shadow's blocks
+    assert promoted["promoted_cached_after"] == n               # ... and they survived as normal cache
+    assert promoted["shadow_cached_after"] < n                  # the filler took shadow entries instead
+    assert report["stock"]["promote"]["promoted_cached_after"] < n   # vLLM's LRU alone evicts them
+
+
+# ---------------------------------------------------------------------------------------- switch call
+def test_switch_call_output_equals_a_cold_run(switched, report):
+    """float32: the switch call served from a multi-chunk shadow's KV gives the tokens of a cold prefill of the
+    same prompt under another cache_salt (no prefix hits)."""
+    assert len(switched["shadow_chunks"]) >= 2, switched["shadow_chunks"]
+    assert switched["warm_cached_tokens"] >= switched["shadow_len"] // BS * BS
+    assert switched["cold_cached_tokens"] == 0
+    assert switched["warm_tokens"] == switched["cold_tokens"] and len(switched["warm_tokens"]) == 12
+    assert report["stock"]["switch"]["warm_tokens"] == switched["warm_tokens"]   # same model, same prompt
 
 
 def test_waiting_normal_request_preempts_a_running_shadow(yielded, report):
@@ -186,6 +276,14 @@ def test_metrics_counters_equal_the_stats_file(itl):
 
 
 # -------------------------------------------------------------------------------------------- start-up
+def test_renamed_vllm_internal_stops_startup_with_the_version_message():
+    bad = PEERS["renamed_internal"]
+    assert bad["exit_code"] not in (None, 0)
+    log = Path(bad["log"]).read_text()
+    assert re.search(r"supports vLLM >=0\.31,<0\.33 .*KVCacheManager\.get_computed_blocks \(missing\)", log), \
+        log[-3000:]
+
+
 def test_bad_configuration_stops_startup_naming_the_key():
     bad = PEERS["bad_config"]
     assert bad["exit_code"] not in (None, 0)

@@ -17,8 +17,9 @@ The variable holds a JSON object, or the path of a file holding one:
 | n_min           | 256            | smallest shadow chunk (Alg. 1 line 12)                                    |
 | shadow_fraction | 0.25           | cap on shadow KV, a fraction of vLLM's KV blocks (§3.3)                   |
 | cold_age_s      | 5.0            | a shadow chunk may take only free blocks or cached blocks idle this long  |
-| warmup_steps    | 16             | measured steps (half of them decode-only when T comes from the rule)      |
-|                 |                | before T is fixed and t̂ trusted; until then n_min probes on idle steps    |
+| warmup_steps    | 16             | measured steps (half of them decode-only) before T is fixed by the rule;  |
+|                 |                | t̂ is trusted after 8 measured steps with prefill tokens (predictor.py);   |
+|                 |                | until both, n_min probes on idle steps only                               |
 | stats_path      | none           | one JSON line per scheduler step (and /metrics counters, see metrics.py)  |
 
 A bad key or value raises `ValueError` naming it; vLLM then stops at start-up. This module imports nothing
@@ -27,26 +28,14 @@ from vLLM (it is tested in the project's own venv).
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from shadowprefill.shadow.policy import BETA, COLD_AGE_S, MARGIN, N_MIN, SHADOW_FRACTION
+from shadowprefill.shadow.policy import ShadowSettings
 
 ENV_VAR = "SHADOWPREFILL_VLLM"
 POLICIES = ("harvest-slo", "harvest")
-
-
-def _number(name: str, value, *, minimum: float = 0.0, strict: bool = False, upper: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{ENV_VAR}: {name} must be a finite number, got {value!r}")
-    if value < minimum or (strict and value == minimum) or (upper is not None and value > upper):
-        bound = f"> {minimum}" if strict else f">= {minimum}"
-        if upper is not None:
-            bound += f" and <= {upper}"
-        raise ValueError(f"{ENV_VAR}: {name} must be {bound}, got {value!r}")
-    return float(value)
 
 
 def _integer(name: str, value, *, minimum: int) -> int:
@@ -57,25 +46,22 @@ def _integer(name: str, value, *, minimum: int) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class ShadowSchedulerConfig:
-    """The scheduler's settings (see the module docstring for each key)."""
+@dataclass(frozen=True, kw_only=True)
+class ShadowSchedulerConfig(ShadowSettings):
+    """The scheduler's settings (see the module docstring for each key): the controller's, declared once in
+    `shadow.policy.ShadowSettings` for the engine and this plugin, and the plugin's own."""
 
     shadow_priority: int = 1000
     routed_priority: int = 0
     policy: str = "harvest-slo"
-    tpot_slo_s: float | None = None
-    ttft_slo_s: float | None = None
-    beta: float = BETA
-    delta: float | None = None
-    margin: float = MARGIN
-    n_min: int = N_MIN
-    shadow_fraction: float = SHADOW_FRACTION
-    cold_age_s: float = COLD_AGE_S
     warmup_steps: int = 16
     stats_path: str | None = None
 
     def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+        except (TypeError, ValueError) as e:               # one error type for a bad value, naming the variable
+            raise ValueError(f"{ENV_VAR}: {e}") from None
         for name in ("shadow_priority", "routed_priority"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
                 raise ValueError(f"{ENV_VAR}: {name} must be an integer, got {getattr(self, name)!r}")
@@ -84,16 +70,6 @@ class ShadowSchedulerConfig:
                              f"({self.shadow_priority})")
         if self.policy not in POLICIES:
             raise ValueError(f"{ENV_VAR}: policy must be one of {POLICIES}, got {self.policy!r}")
-        for name in ("tpot_slo_s", "ttft_slo_s"):
-            if getattr(self, name) is not None:
-                _number(name, getattr(self, name), strict=True)
-        _number("beta", self.beta, strict=True)
-        if self.delta is not None:
-            _number("delta", self.delta)
-        _number("margin", self.margin, upper=0.99)
-        _integer("n_min", self.n_min, minimum=1)
-        _number("shadow_fraction", self.shadow_fraction, strict=True, upper=1.0)
-        _number("cold_age_s", self.cold_age_s)
         _integer("warmup_steps", self.warmup_steps, minimum=0)
         if self.stats_path is not None:
             if not isinstance(self.stats_path, str) or not self.stats_path:

@@ -16,21 +16,25 @@ import copy
 import logging
 import time
 
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.core.sched.interface import PauseState
-from vllm.v1.core.sched.output import NewRequestData
-from vllm.v1.core.sched.request_queue import SchedulingPolicy
-from vllm.v1.engine import EngineCoreEventType
-from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.request import RequestStatus
-
+from shadowprefill.integrations.vllm.compat import require
 from shadowprefill.integrations.vllm.config import ShadowSchedulerConfig
-from shadowprefill.integrations.vllm.seed import seed_latency_model
+from shadowprefill.integrations.vllm.seed import make_predictor
 from shadowprefill.integrations.vllm.shadow_kv import ShadowKV
 from shadowprefill.integrations.vllm.stats import StepStatsWriter
 from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
-from shadowprefill.shadow.predictor import IterationPredictor
+from shadowprefill.shadow.spend import spend_budget
 from shadowprefill.shadow.view import IterationView
+
+VLLM_VERSION = require()        # every vLLM internal used below, checked before any is touched (compat.py)
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.core.sched.interface import PauseState  # noqa: E402
+from vllm.v1.core.sched.output import NewRequestData  # noqa: E402
+from vllm.v1.core.sched.request_queue import SchedulingPolicy  # noqa: E402
+from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
 
 logger = logging.getLogger("vllm.shadowprefill")  # under vLLM's configured logger
 
@@ -54,13 +58,76 @@ class _ReqView:
 class _Step:
     """What one scheduled step held, for the predictor, the credit and the stats line."""
 
-    __slots__ = ("output", "t0", "wall", "decodes", "prefills", "shadow_chunks", "budget", "allowance", "waiting",
-                 "preempted_shadows", "warm")
+    __slots__ = ("output", "t0", "wall", "decodes", "prefills", "shadow_chunks", "shadow_ids", "budget", "allowance",
+                 "waiting", "preempted_shadows", "warm")
+
+
+class _StepHost:
+    """`shadow.spend.SpendHost` over vLLM's KV manager for one step's shadow phase: `locate` reads a shadow's
+    prefix hits (nothing is held until `allocate`), `allocate` makes room in the shadow class and allocates
+    vLLM slots, recording what the step's output must carry."""
+
+    def __init__(self, sched: "ShadowScheduler", out, step: _Step, admitted: list) -> None:
+        self.s, self.out, self.step, self.admitted = sched, out, step, admitted
+        self.block_size = sched.block_size
+        self.now = time.monotonic()
+        self._located: dict[str, tuple] = {}            # request id -> (running, computed blocks, hits, held)
+        self.sched: dict[str, int] = {}
+        self.new_blocks_of: dict = {}
+        self.running_now, self.resumed_now, self.new_now = [], [], []
+
+    def locate(self, r):
+        s, kvm, rid = self.s, self.s.kv_cache_manager, r.request_id
+        if r.status == RequestStatus.RUNNING:
+            self._located[rid] = (True, None, (), len(kvm.get_blocks(rid).blocks[0]))
+            return r.num_computed_tokens, r.num_tokens - r.num_computed_tokens, None
+        if len(s.running) + s.num_waiting_for_streaming_input >= s.max_num_active_reqs:
+            return None
+        computed, context, _ = kvm.get_computed_blocks(r)
+        hits = computed.blocks[0]
+        if -(-r.num_tokens // self.block_size) - len(hits) > s._kv.cap:   # could never be held under the cap
+            s._refuse(r)
+            return None
+        self._located[rid] = (False, computed, hits, len(hits))
+        return context, r.num_tokens - context, None
+
+    def allocate(self, r, context: int, n: int) -> bool:
+        s, kvm, rid = self.s, self.s.kv_cache_manager, r.request_id
+        running, computed, hits, held = self._located.pop(rid)
+        need = -(-(context + n) // self.block_size) - held
+        if not s._kv.prepare(need, self.now, {b.block_id for b in hits}):  # line 11: free / cold, within the cap
+            return False
+        if running:
+            blocks = kvm.allocate_slots(r, n, num_lookahead_tokens=s.num_lookahead_tokens)
+        else:
+            blocks = kvm.allocate_slots(r, n, num_new_computed_tokens=context, new_computed_blocks=computed,
+                                        num_lookahead_tokens=s.num_lookahead_tokens, full_sequence_must_fit=False,
+                                        has_scheduled_reqs=True)
+        if blocks is None:
+            return False
+        s._kv.add(blocks.blocks[0])
+        self.sched[rid] = n
+        self.step.shadow_chunks.append((n, context))
+        self.step.shadow_ids.append(rid)
+        if running:
+            self.running_now.append(r)
+            self.new_blocks_of[rid] = blocks
+        else:
+            s._admit(r, context, n, computed, self.out)
+            (self.resumed_now if r.status == RequestStatus.PREEMPTED else self.new_now).append(r)
+            self.new_blocks_of[rid] = kvm.get_blocks(rid)
+            self.admitted.append(r)
+        return True
+
+    def release(self, r) -> None:
+        self._located.pop(r.request_id, None)
 
 
 class ShadowScheduler(Scheduler):
-    """vLLM's V1 `Scheduler` (`vllm.v1.core.sched.scheduler.Scheduler`, the class vLLM 0.32 uses by default on
-    the CPU platform, whose `check_and_update_config` turns async scheduling off) with shadow prefill.
+    """vLLM's V1 `Scheduler` with shadow prefill; with vLLM's async scheduling on (the GPU default) naming this
+    class gives an `AsyncShadowScheduler` (the same code over vLLM's `AsyncScheduler`, which overlaps
+    scheduling with the forward pass), so `--scheduler-cls shadowprefill.integrations.vllm.ShadowScheduler`
+    is the one name for both.
 
     Requests with `priority >= shadow_priority` (default 1000) are shadow work. They are scheduled only after
     every non-shadow request, only when no non-shadow request waits and no admission was blocked by memory
@@ -72,9 +139,14 @@ class ShadowScheduler(Scheduler):
     scheduled by vLLM's own code. Configuration: `SHADOWPREFILL_VLLM` (see `config.py`).
 
     Supported: one full-attention KV-cache group, no speculative decoding, no KV/EC connector, no pipeline
-    parallelism, synchronous scheduling (on GPUs add `--no-async-scheduling`). Shadow requests with LoRA,
+    parallelism; synchronous or asynchronous scheduling, V1 or V2 model runner. Shadow requests with LoRA,
     multimodal inputs, structured output, prompt embeddings or prompt logprobs run as ordinary requests.
     """
+
+    def __new__(cls, vllm_config, *args, **kwargs):
+        if cls is ShadowScheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = AsyncShadowScheduler                 # vLLM then runs steps through its batch queue
+        return super().__new__(cls)
 
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager, block_size, *args, **kwargs) -> None:
         cfg = ShadowSchedulerConfig.from_env()          # fail before vLLM allocates anything
@@ -83,22 +155,24 @@ class ShadowScheduler(Scheduler):
         self._check_supported(vllm_config, kv_cache_config)
         self._kv = ShadowKV(self.kv_cache_manager.block_pool,
                             int(cfg.shadow_fraction * (kv_cache_config.num_blocks - 1)), cfg.cold_age_s)
-        self.predictor = IterationPredictor(seed_latency_model(vllm_config),
-                                            max_context=vllm_config.model_config.max_model_len)
+        self.predictor = make_predictor(vllm_config, cfg.n_min)
         slo = cfg.tpot_slo_s if cfg.tpot_slo_s is not None else default_tpot_slo(self.predictor)
         self.controller = ShadowController(cfg.policy, self.predictor, tpot_slo=slo,
                                            token_budget=self.max_num_scheduled_tokens,
                                            max_seqs=self.max_num_running_reqs, beta=cfg.beta, delta=cfg.delta,
-                                           margin=cfg.margin, n_min=cfg.n_min)
+                                           margin=cfg.margin, n_min=cfg.n_min, feedback=False)   # see below
         self._slo_fixed = cfg.tpot_slo_s is not None or cfg.warmup_steps == 0
         self._decode_steps = 0                          # measured decode-only steps (identify t̂'s decode part)
         self._last_progress = time.monotonic()          # last step with shadow tokens
         self._shadows: dict[str, object] = {}           # live shadow requests by id
         self._first_token: dict[str, float] = {}        # f_r of non-shadow requests (wall clock)
         self._ttft_slo: dict[str, float] = {}           # F_r by request (paper's rule, fixed on first sight)
-        self._step: _Step | None = None
+        self._refused: dict[str, object] = {}           # superseded or larger than the cap: finished after the step
+        self._steps: dict[int, _Step] = {}              # scheduled, not yet updated (async: up to two)
+        self._last_done = time.perf_counter()           # when the last step's output was processed
         self._step_no = 0
-        self.totals = {"steps": 0, "shadow_tokens": 0, "budget_tokens": 0, "shadow_chunks": 0, "shadow_preempted": 0}
+        self.totals = {"steps": 0, "shadow_tokens": 0, "budget_tokens": 0, "shadow_chunks": 0, "shadow_preempted": 0,
+                       "shadow_refused": 0, "shadow_superseded": 0}
         rank = vllm_config.parallel_config.data_parallel_rank
         path = cfg.stats_path
         if path is not None and vllm_config.parallel_config.data_parallel_size > 1:
@@ -125,8 +199,9 @@ class ShadowScheduler(Scheduler):
             refuse("does not support speculative decoding")
         if self.connector is not None or self.ec_connector is not None:
             refuse("does not support KV or encoder-cache connectors")
-        if self.scheduler_config.async_scheduling:
-            refuse("needs synchronous scheduling: add --no-async-scheduling")
+        if isinstance(self, AsyncScheduler) and not self.scheduler_config.async_scheduling:
+            refuse("AsyncShadowScheduler needs vLLM's async scheduling; name ShadowScheduler (it picks the "
+                   "synchronous or the asynchronous form itself)")
         if self.use_pp or self.needs_kv_cache_zeroing or self.has_mamba_layers:
             refuse("does not support pipeline parallelism or KV-cache zeroing")
 
@@ -139,9 +214,24 @@ class ShadowScheduler(Scheduler):
                 and not (sp is not None and sp.prompt_logprobs))
 
     def add_request(self, request) -> None:
-        if request.request_id not in self.requests and self._shadow_eligible(request):
+        new = request.request_id not in self.requests
+        if new and self._shadow_eligible(request):
             self._shadows[request.request_id] = request
         super().add_request(request)
+        if new and self._shadows and request.priority <= self.shadow_config.routed_priority:
+            self._supersede(request)
+
+    def _supersede(self, routed) -> None:
+        """A routed call of a session supersedes that session's shadows (§3.1, newer calls supersede pending
+        work): it computes whatever of their prefix is not cached yet itself, so they stop now (finished as
+        aborted after this step; blocks they computed stay cached). Same session: same first block."""
+        hashes = routed.block_hashes
+        if not hashes:
+            return
+        for sid, sh in self._shadows.items():
+            if sh.block_hashes and sh.block_hashes[0] == hashes[0] and sid not in self._refused:
+                self._refused[sid] = sh
+                self.totals["shadow_superseded"] += 1
 
     def _free_request(self, request, delay_free_blocks: bool = False):
         rid = request.request_id
@@ -192,7 +282,8 @@ class ShadowScheduler(Scheduler):
             self._leave_shadow_class(out)
         step = self._shadow_phase(out, wall, hidden)
         step.t0 = t0
-        self._step = step
+        if out.total_num_scheduled_tokens:
+            self._steps[id(out)] = step
         if not out.total_num_scheduled_tokens and self._shadows:
             time.sleep(_IDLE_SLEEP_S)
         return out
@@ -280,12 +371,12 @@ class ShadowScheduler(Scheduler):
 
     def _shadow_phase(self, out, wall: float, hidden: list) -> _Step:
         step = _Step()
-        step.output, step.wall, step.shadow_chunks = out, wall, []
+        step.output, step.wall, step.shadow_chunks, step.shadow_ids = out, wall, [], []
         budget = self.controller.plan(self._view_of(out, wall, step, {r.request_id for r in hidden}))
         step.budget = budget
-        step.warm = self._slo_fixed and self.predictor.num_observations >= self.shadow_config.warmup_steps
-        if step.warm:
-            allowance = budget.fresh_tokens
+        step.warm = self._slo_fixed and self.predictor.warm
+        if step.warm:           # guardrails: a step's shadow tokens at most 2x the largest measured prefill step
+            allowance = min(budget.fresh_tokens, self.predictor.chunk_limit())
             if budget.branch == "idle" and allowance < budget.n_min and self._shadows \
                     and time.monotonic() - self._last_progress >= _LIVENESS_S:
                 step.warm, allowance = False, budget.n_min      # t̂ may be stale: one probe refreshes it
@@ -297,6 +388,8 @@ class ShadowScheduler(Scheduler):
         admitted: list = []
         if allowance > 0:
             candidates = [r for r in self._shadows.values() if r.status == RequestStatus.RUNNING] + hidden
+            if self._refused:
+                candidates = [r for r in candidates if r.request_id not in self._refused]
             candidates.sort(key=lambda r: (r.priority, r.arrival_time))
             self._take(budget, allowance, candidates, out, step, admitted)
         if hidden:
@@ -305,66 +398,17 @@ class ShadowScheduler(Scheduler):
         return step
 
     def _take(self, budget, allowance: int, candidates, out, step: _Step, admitted: list) -> None:
-        """Line 15: whole-block chunks for shadow requests in (priority, arrival) order within the budget."""
-        bs, n_min, kvm = self.block_size, budget.n_min, self.kv_cache_manager
-        now, taken = time.monotonic(), 0
-        sched: dict[str, int] = {}
-        new_blocks_of: dict = {}
-        running_now, resumed_now, new_now = [], [], []
-        probe = not step.warm                                   # one chunk <= n_min, whatever t̂ says
-        for r in candidates:
-            left = min(allowance - taken, budget.room())
-            if left <= 0 or (probe and sched):
-                break
-            running = r.status == RequestStatus.RUNNING
-            if running:
-                context, hit_blocks, computed = r.num_computed_tokens, (), None
-                held = len(kvm.get_blocks(r.request_id).blocks[0])
-            else:
-                if len(self.running) + self.num_waiting_for_streaming_input >= self.max_num_active_reqs:
-                    continue
-                computed, context, _ = kvm.get_computed_blocks(r)
-                hit_blocks = computed.blocks[0]
-                held = len(hit_blocks)
-            remaining = r.num_tokens - context
-            if probe:                                           # whole blocks up to n_min, whatever t̂ says
-                k = min(left, budget.read_kv_room(bs) + (held * bs - context))
-                n = remaining if remaining <= k else (context + k) // bs * bs - context
-            else:                                               # lines 10-12 (a last chunk may be < n_min)
-                n = min(budget.max_tokens(context, block_size=bs, remaining=remaining), remaining)
-                if n > left:                                    # the step's shadow tokens (budget_tokens)
-                    n = left - left % bs
-                    if n < n_min and n != remaining:
-                        continue
-            if n <= 0:
-                continue
-            need = -(-(context + n) // bs) - held
-            exclude = {b.block_id for b in hit_blocks}
-            if not self._kv.prepare(need, now, exclude):        # line 11: free / cold blocks within the cap
-                continue
-            if running:
-                blocks = kvm.allocate_slots(r, n, num_lookahead_tokens=self.num_lookahead_tokens)
-            else:
-                blocks = kvm.allocate_slots(r, n, num_new_computed_tokens=context, new_computed_blocks=computed,
-                                            num_lookahead_tokens=self.num_lookahead_tokens,
-                                            full_sequence_must_fit=False, has_scheduled_reqs=True)
-            if blocks is None:
-                continue
-            self._kv.add(blocks.blocks[0])
-            budget.take(n, context)
-            taken += n
-            sched[r.request_id] = n
-            step.shadow_chunks.append((n, context))
-            if running:
-                running_now.append(r)
-                new_blocks_of[r.request_id] = blocks
-            else:
-                self._admit(r, context, n, computed, out)
-                (resumed_now if r.status == RequestStatus.PREEMPTED else new_now).append(r)
-                new_blocks_of[r.request_id] = kvm.get_blocks(r.request_id)
-                admitted.append(r)
-        if sched:
-            self._merge(out, sched, running_now, resumed_now, new_now, new_blocks_of)
+        """Line 15 (shadow.spend.spend_budget, the engine's function too): whole-block chunks for shadow requests
+        in (priority, arrival) order within the budget and `allowance` tokens; one probe while t̂ is cold."""
+        host = _StepHost(self, out, step, admitted)
+        spend_budget(budget, candidates, host, limit=allowance, probe=not step.warm)
+        if host.sched:
+            self._merge(out, host.sched, host.running_now, host.resumed_now, host.new_now, host.new_blocks_of)
+
+    def _refuse(self, r) -> None:
+        if r.request_id not in self._refused:
+            self._refused[r.request_id] = r
+            self.totals["shadow_refused"] += 1
 
     def _admit(self, r, context: int, n: int, computed, out) -> None:
         """What vLLM's waiting loop does when it admits a request (text-only, no connector)."""
@@ -412,13 +456,14 @@ class ShadowScheduler(Scheduler):
     # ------------------------------------------------------------------------------ after the step
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        step = self._step
+        if self._refused:
+            self._finish_refused(outputs)
+        step = self._steps.pop(id(scheduler_output), None)
         if step is None or step.output is not scheduler_output:
             return outputs
-        self._step = None
-        duration = time.perf_counter() - step.t0
-        if not scheduler_output.total_num_scheduled_tokens:
-            return outputs
+        end = time.perf_counter()
+        duration = end - max(step.t0, self._last_done)  # async: the step ran after the one before it ended
+        self._last_done = end
         wall = time.time()
         for rid, _, _ in step.prefills:
             r = self.requests.get(rid)
@@ -428,7 +473,11 @@ class ShadowScheduler(Scheduler):
         decode_ctx = [v.num_computed_tokens + 1 for _, v in step.decodes]
         predicted = self.predictor.predict(prefill, decode_ctx)         # t̂ as the budget saw it (before refit)
         shadow_s = sum(self.predictor.chunk_time(n, c) for n, c in step.shadow_chunks)
-        self.predictor.observe(prefill, decode_ctx, duration)
+        b = step.budget
+        bound = None                # feedback: what a shadow-carrying step was allowed (credit: beside t̂(B))
+        if step.shadow_chunks and b.seconds > 0:
+            bound = b.seconds + (predicted - shadow_s if b.branch == "credit" else 0.0)
+        self.predictor.observe(prefill, decode_ctx, duration, bound_s=bound)
         busy = bool(step.decodes or step.prefills)
         decode_only = busy and not step.prefills and not step.shadow_chunks
         self.controller.end_iteration(duration, busy=busy, decode_only=decode_only)
@@ -440,6 +489,23 @@ class ShadowScheduler(Scheduler):
             self._update_slo(fix=self.predictor.num_observations >= warmup and self._decode_steps >= warmup // 2)
         self._record(step, duration, predicted, shadow_s)
         return outputs
+
+    def _finish_refused(self, outputs) -> None:
+        """Finish, as aborted, shadows that a routed call superseded and shadows needing more new blocks than the
+        whole shadow cap (they would wait forever), with an output so the client's request ends (as vLLM does
+        for its errors)."""
+        reqs = self.finish_requests(list(self._refused), RequestStatus.FINISHED_ABORTED)
+        self._refused.clear()
+        for r in reqs:
+            if -(-r.num_tokens // self.block_size) > self._kv.cap:
+                logger.warning("ShadowScheduler: shadow %s (%d tokens) exceeds the shadow KV cap of %d blocks; "
+                               "aborted", r.request_id, r.num_tokens, self._kv.cap)
+            out = EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason=r.get_finished_reason(),
+                                   events=r.take_events(), trace_headers=r.trace_headers)
+            if r.client_index in outputs:
+                outputs[r.client_index].outputs.append(out)
+            else:
+                outputs[r.client_index] = EngineCoreOutputs(outputs=[out])
 
     def _update_slo(self, fix: bool) -> None:
         """The paper's TPOT rule (max(25 ms, 5 x batch-1 decode)) on the refitted t̂; fixed once warm."""
@@ -475,9 +541,19 @@ class ShadowScheduler(Scheduler):
             "prefill_tokens": sum(n for _, _, n in step.prefills), "shadow_pending": len(self._shadows),
             "shadow_preempted": t["shadow_preempted"], "shadow_evicted_blocks": kv.evicted,
             "shadow_promoted_blocks": kv.promoted, "tpot_slo_s": round(self.controller.tpot_slo, 6),
-            "credit_s": round(self.controller.credit, 6), "warm": step.warm})
+            "credit_s": round(self.controller.credit, 6), "warm": step.warm,
+            "budget_scale": round(self.predictor.budget_scale, 6), "chunk_limit": self.predictor.chunk_limit(),
+            "overruns": self.predictor.overruns,
+            "shadow_superseded": t["shadow_superseded"], "shadow_refused": t["shadow_refused"],
+            "shadow_reqs": [[i, n, c] for i, (n, c) in zip(step.shadow_ids, step.shadow_chunks)]})
 
     def shutdown(self) -> None:
         if self._stats is not None:
             self._stats.close()
         super().shutdown()
+
+
+class AsyncShadowScheduler(ShadowScheduler, AsyncScheduler):
+    """`ShadowScheduler` over vLLM's `AsyncScheduler` (method order: the shadow phase, then vLLM's async
+    bookkeeping: output placeholders for a shadow's last chunk, delayed caching of its blocks). Chosen by
+    `ShadowScheduler` itself when async scheduling is on; may also be named directly."""

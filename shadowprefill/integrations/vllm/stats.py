@@ -7,7 +7,12 @@ blocked / idle / credit / slo), `budget_s` (b), `budget_tokens` (the most shadow
 `shadow_tokens`, `shadow_chunks`, `shadow_blocks` (held or cached by shadow work), `shadow_cap_blocks`,
 `num_blocks`, `free_blocks`, `waiting` (non-shadow requests waiting), `running`, `decodes`, `prefill_tokens`
 (non-shadow), `shadow_pending`, cumulative `shadow_preempted`, `shadow_evicted_blocks`,
-`shadow_promoted_blocks`, `tpot_slo_s`, `credit_s`, `warm` (t̂ calibrated).
+`shadow_promoted_blocks`, `tpot_slo_s`, `credit_s`, `warm` (T fixed and t̂ measured on enough prefill steps),
+and t̂'s guardrails: `budget_scale` (feedback shrink of b after an overrun), `chunk_limit` (the most shadow
+tokens a step may take: n_min until warm, then 2x the largest measured prefill step), cumulative `overruns`
+(shadow-carrying steps measured past 1.5x their bound), cumulative `shadow_superseded` (shadows a routed call
+of their session superseded) and `shadow_refused` (shadows larger than the cap), and `shadow_reqs` ([request id, tokens, cached
+context] of each shadow chunk).
 """
 from __future__ import annotations
 
