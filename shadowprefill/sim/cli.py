@@ -65,7 +65,7 @@ SWEEPS: dict[str, tuple[tuple, str]] = {
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="fusionbench", help="xroutebench | fusionbench | router-r1 | "
                    "ghcp-coding | swe-bench (session generator; default fusionbench)")
-    p.add_argument("--pair", required=True, help="SMALL/LARGE as in the paper's figures (e.g. Q2.5-7B/L3.1-70B), "
+    p.add_argument("--pair", help="SMALL/LARGE as in the paper's figures (e.g. Q2.5-7B/L3.1-70B), "
                    "or A/B/C for N models")
     p.add_argument("--duration", type=positive_float, default=600.0, help="measured simulated seconds (default 600)")
     p.add_argument("--warmup", type=nonneg_float, default=120.0, help="simulated warm-up seconds (default 120)")
@@ -125,6 +125,8 @@ def register(subparsers) -> None:
     _add_common(sim)
     sim.add_argument("--policies", default="no-shadow,harvest-slo+host,oracle+host",
                      help=f"comma-separated, or 'all' ({', '.join(POLICIES)})")
+    sim.add_argument("--pairs", help="'paper': every Table 3 pair of --workload, one experiment each (instead "
+                                     "of --pair); or comma-separated pair labels")
     sim.add_argument("--out", required=True, help="output JSON file")
     sim.add_argument("--records", help="also write every completed call of every policy here (JSON lines: "
                                        "policy + the call's record, see sim/metrics.py CallRecord)")
@@ -192,6 +194,8 @@ def _routers(args) -> dict:
 
 def experiment_from_args(args, policies: str) -> "Experiment":
     from shadowprefill.sim.experiment import Experiment, parse_models
+    if not args.pair:
+        raise ValueError("--pair is required (SMALL/LARGE, e.g. Q2.5-7B/L3.1-70B)")
     return Experiment(**_routers(args), workload=args.workload, models=parse_models(args.pair, args.workload),
                       policies=[p.name for p in parse_policies(policies)], duration_s=args.duration,
                       warmup_s=args.warmup, rho=args.rho, window=args.window, instances=args.instances, seed=args.seed,
@@ -266,6 +270,8 @@ def write_records(path: str, runs: dict) -> int:
 def cmd_simulate(args) -> int:
     from shadowprefill.sim.experiment import run_experiment
     from shadowprefill.sim.report import format_table, write_figures
+    if getattr(args, "pairs", None):
+        return _simulate_pairs(args)
     with user_input():
         exp = experiment_from_args(args, args.policies)
         check_experiment(exp)
@@ -286,6 +292,35 @@ def cmd_simulate(args) -> int:
         for path in write_figures(result, runs, args.plot):
             if not args.quiet:
                 print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _simulate_pairs(args) -> int:
+    """`simulate --pairs paper|A/B,C/D`: one experiment per pair; --out gets {"pairs": {label: result}}."""
+    from shadowprefill.model.catalog import PAIRS
+    from shadowprefill.sim.experiment import run_experiment
+    from shadowprefill.sim.report import format_table
+    with user_input():
+        if args.pairs == "paper":
+            if args.workload not in PAIRS:
+                raise ValueError(f"--pairs paper: workload {args.workload!r} has no Table 3 pairs")
+            labels = list(PAIRS[args.workload])
+        else:
+            labels = [x.strip() for x in args.pairs.split(",") if x.strip()]
+        exps = {label: experiment_from_args(argparse.Namespace(**{**vars(args), "pair": label}), args.policies)
+                for label in labels}
+        for exp in exps.values():
+            check_experiment(exp)
+        check_output_file(args.out, "--out")
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    results = {}
+    for label, exp in exps.items():
+        result = run_experiment(exp, progress=not args.quiet, jobs=args.jobs, log=log)
+        result.pop("runs")
+        results[label] = result
+        if not args.quiet:
+            print(f"== {label}\n{format_table(result)}", file=sys.stderr)
+    write_json(args.out, {"pairs": results})
     return 0
 
 
