@@ -213,10 +213,10 @@ def breakdown_table(study: dict) -> str:
     from shadowprefill.sim.metrics import CONTEXT_BINS, TARGET_BINS
     lines = []
     for w, cuts in study.get("breakdown", {}).items():
-        for cut, bins, fig in (("by_target", TARGET_BINS, "9a, target-model size"),
-                               ("by_context", CONTEXT_BINS, "9c, context before the switch")):
+        for cut, bins, fig, what in (("by_target", TARGET_BINS, "9a", "target-model size"),
+                                     ("by_context", CONTEXT_BINS, "9c", "context before the switch")):
             policies = cuts.get(cut, {})
-            lines.append(f"\n== {w}: switch-call latency reduction (%) by {fig} (Figure {fig.split(',')[0]}), "
+            lines.append(f"\n== {w}: switch-call latency reduction (%) by {what} (Figure {fig}), "
                          "call-weighted over all runs and pairs; (n switch calls)")
             lines.append("  " + f"{'policy':18s}" + "".join(f"{b:>15s}" for b, _ in bins))
             for policy, row in policies.items():
