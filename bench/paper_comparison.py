@@ -3,6 +3,7 @@ the baseline observables beside the paper's, the per-pair table with the mean ov
 Figure 9a / 9c breakdowns.
 
     python bench/paper_comparison.py demo_out/study.json [more study.json ...]
+    python bench/paper_comparison.py --merge fb/study.json ghcp_*/study.json   # one table over all pairs
 """
 from __future__ import annotations
 
@@ -109,12 +110,31 @@ def breakdowns(study: dict) -> list[str]:
     return rows
 
 
+def merge(studies: list[dict]) -> dict:
+    """One study of several `demo --pairs` outputs of the same protocol (their runs pooled, the per-pair
+    aggregates, means over pairs and breakdowns recomputed from the runs)."""
+    from shadowprefill.sim.study import aggregate_pairs, breakdown
+    runs = [run for st in studies for run in st["runs"]]
+    spec = dict(studies[0]["spec"])
+    for st in studies[1:]:
+        for key in ("seeds", "windows", "policies", "warmup_s", "session_rate"):
+            if st["spec"][key] != spec[key]:
+                raise ValueError(f"cannot merge studies with different {key}: {spec[key]} vs {st['spec'][key]}")
+        spec["duration_s"] = {**spec["duration_s"], **st["spec"]["duration_s"]}
+    by_pair = aggregate_pairs(runs)
+    return {"spec": spec, "runs": runs, "aggregate": by_pair["means"], "per_pair": by_pair["per_pair"],
+            "breakdown": breakdown(runs), "wall_s": sum(st["wall_s"] for st in studies)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("studies", nargs="+", help="study.json files written by `shadowprefill demo`")
+    p.add_argument("--merge", action="store_true", help="pool the studies' runs into one (same protocol, "
+                                                          "different pairs or workloads)")
     args = p.parse_args()
-    for path in args.studies:
-        study = json.loads(Path(path).read_text())
+    loaded = [json.loads(Path(path).read_text()) for path in args.studies]
+    named = [("merged", merge(loaded))] if args.merge else list(zip(args.studies, loaded))
+    for path, study in named:
         s = study["spec"]
         print(f"\n### {path}: seeds {s['seeds']}, windows {s['windows']}, {s['duration_s']} s after "
               f"{s['warmup_s']} s, session rate {s['session_rate']}, policies {s['policies']}, "
