@@ -111,13 +111,19 @@ def breakdowns(study: dict) -> list[str]:
 
 
 def merge(studies: list[dict]) -> dict:
-    """One study of several `demo --pairs` outputs of the same protocol (their runs pooled, the per-pair
-    aggregates, means over pairs and breakdowns recomputed from the runs)."""
+    """One study of several `demo` outputs of the same protocol: their runs pooled over the policies all of
+    them ran (allowed only where every policy of a run finished all its sessions, so that the
+    common-call summaries do not change), the per-pair aggregates, means over pairs and breakdowns recomputed."""
     from shadowprefill.sim.study import aggregate_pairs, breakdown
-    runs = [run for st in studies for run in st["runs"]]
-    spec = dict(studies[0]["spec"])
+    policies = [p for p in studies[0]["spec"]["policies"] if all(p in st["spec"]["policies"] for st in studies)]
+    for st in studies:   # summaries are over the calls common to the policies run: unchanged if all finished
+        for _, summaries in st["runs"]:
+            if set(summaries) != set(policies) and any(s["sessions_unfinished"] for s in summaries.values()):
+                raise ValueError("cannot drop policies from a run in which some policy left sessions unfinished")
+    runs = [(config, {p: summaries[p] for p in policies}) for st in studies for config, summaries in st["runs"]]
+    spec = dict(studies[0]["spec"], policies=policies)
     for st in studies[1:]:
-        for key in ("seeds", "windows", "policies", "warmup_s", "session_rate"):
+        for key in ("seeds", "windows", "warmup_s", "session_rate"):
             if st["spec"][key] != spec[key]:
                 raise ValueError(f"cannot merge studies with different {key}: {spec[key]} vs {st['spec'][key]}")
         spec["duration_s"] = {**spec["duration_s"], **st["spec"]["duration_s"]}
