@@ -99,13 +99,17 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
 
 
 def chunk_costs(models=("Qwen2.5-7B", "Llama-3.1-70B"), n_min: int = 256, decodes: int = 64,
-                decode_context: int = 2048) -> dict:
+                decode_context: int = 2048, attn_model: str | None = None) -> dict:
     """{model: {cached context: ms}}: what one n_min-token shadow chunk adds to an iteration of `decodes`
-    decodes at `decode_context` tokens, by the chunk's cached context (the simulator's H100 latency model)."""
-    from shadowprefill.model.latency import LatencyModel
+    decodes at `decode_context` tokens, by the chunk's cached context (the simulator's H100 latency model;
+    `attn_model`: "fa3" (default), "fa2" or "flat", the earlier 0.5-of-peak attention)."""
+    import dataclasses
+
+    from shadowprefill.model.latency import H100, LatencyModel
+    cal = H100 if attn_model is None else dataclasses.replace(H100, attn_model=attn_model)
     out = {}
     for model in models:
-        lm = LatencyModel(model, "h100")
+        lm = LatencyModel(model, "h100", cal=cal)
         base = lm.iteration_time([], [decode_context] * decodes)
         out[model] = {ctx: 1e3 * (lm.iteration_time([(n_min, ctx)], [decode_context] * decodes) - base)
                       for ctx in (0, 8192, 16384, 40960, 65536)}
@@ -120,7 +124,17 @@ def main() -> None:
     p.add_argument("--policy", default="harvest-slo+host")
     p.add_argument("--admission", default="fcfs", choices=("fcfs", "routed-first"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk-table", action="store_true",
+                   help="only print the chunk-cost table (n_min 64/256/512/1,024 tokens at 0-64K cached) under the "
+                        "flat 0.5-of-peak, FA2 and FA3 attention models; no simulation")
     args = p.parse_args()
+    if args.chunk_table:
+        for n_min in (64, 256, 512, 1024):
+            print(f"a {n_min}-token chunk beside 64 decodes at 2K adds (ms), by cached context 0 / 8K / 16K / 40K / 64K:")
+            for attn in ("flat", "fa2", "fa3"):
+                for model, costs in chunk_costs(n_min=n_min, attn_model=attn).items():
+                    print(f"  {attn:5s} {model:14s}" + "".join(f"{ms:8.2f}" for ms in costs.values()))
+        return
     out = run(args.workload, args.window, args.duration, args.policy, args.admission, args.seed)
     total = sum(out["reasons"].values())
     print(f"{args.workload} {args.window}, {args.policy}, {args.duration:.0f} s after 120 s "

@@ -7,8 +7,12 @@ An iteration holds prefill chunks (q new tokens on c cached ones) and decodes. P
   p -> inf is the hard roofline max(compute, weight read); the fitted p models imperfect overlap.
 - MoE layers compute with the active experts (T·k token-expert pairs) and read the weights of every
   expert the batch touches, E·(1-(1-k/E)^T) in expectation — active vs total parameters.
-- Prefill attention adds compute 4·H·D·q·(c + (q+1)/2) FLOPs and a read of the c + q cached KV tokens;
-  sliding-window layers cap the context at the window.
+- Prefill attention does 4·H·D·q·(c + (q+1)/2) FLOPs and reads the c + q cached KV tokens; sliding-window
+  layers cap the context at the window. Its rate depends on the shape (`attention_s`, issue 25): the
+  q x c rectangle runs at FlashAttention-3's published non-causal forward rate at key length c + q, the
+  q x q triangle at its causal rate at length q, a query block of fewer than 128 rows (after packing the
+  GQA group) pays for the whole block, and the time is never below the KV read. `attn_model="flat"` keeps
+  the earlier constant (`attn_flops_eff` of peak for every shape, KV read added).
 - Decode attention reads each sequence's KV and adds a per-sequence cost.
 - Elementwise ops (SiLU·mul, RMSNorms, RoPE, residual adds) are bandwidth-bound.
 - Tensor parallelism splits heads and the intermediate size over `tp` GPUs and adds two all-reduces of
@@ -21,13 +25,14 @@ Calibration (`H100`): GEMM, activation, norm and all-reduce constants were fitte
 `python -m shadowprefill.sim.calibrate --vidur-dir ../shared/data/vidur-h100` on the H100 operator
 profiles of Vidur (microsoft/vidur, MIT: Llama-2-7B and Llama-2-70B at TP 1/2/4/8, 1-4096 tokens, and
 h100_dgx all-reduce); the held-out median error of `linear_ops_ms` is 5.3% / 5.1% (numbers at `H100`).
-KV reads stream at the fitted GEMM bandwidth efficiency. No attention profiles ship with that data, so the
-attention compute efficiency and the per-sequence / per-iteration costs are assumptions, marked `assumed`
-(FlashAttention-2/3 forward reaches roughly 35-75% of the H100 bf16 peak). Other GPUs reuse the H100
-efficiencies against their own data-sheet peaks.
+KV reads stream at the fitted GEMM bandwidth efficiency. No attention profiles ship with that data: prefill
+attention follows the published FlashAttention-3 forward rates (`FA3_*`, sources there), the per-sequence
+/ per-iteration costs are assumptions, marked `assumed`. Other GPUs reuse the H100 efficiencies against
+their own data-sheet peaks (the attention rates as fractions of the H100's 989 TFLOP/s).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -52,7 +57,8 @@ class Calibration:
     norm_overhead_s: float        # per elementwise kernel (5 per layer)
     allreduce_latency_s: tuple[tuple[int, float], ...]   # (workers, fixed latency)
     allreduce_bw_eff: float       # fraction of NVLink one-way bandwidth (ring bus bandwidth)
-    attn_flops_eff: float = 0.5          # assumed: FlashAttention-2/3 forward on H100
+    attn_model: str = "fa3"              # "fa3" / "fa2": published kernel rates by shape; "flat": attn_flops_eff
+    attn_flops_eff: float = 0.5          # "flat" model only (and linear-attention state updates): assumed
     decode_seq_s: float = 40e-9          # assumed: per decoding sequence per attention layer
     iteration_overhead_s: float = 0.5e-3  # assumed: scheduling, sampling, launch gaps per iteration
     per_seq_overhead_s: float = 2e-6     # assumed: per sequence per iteration (sampling, bookkeeping)
@@ -69,6 +75,38 @@ H100 = Calibration(
     allreduce_latency_s=((2, 2.72e-5), (4, 2.70e-5), (8, 3.11e-5)), allreduce_bw_eff=0.7797,
     source="vidur-h100 Llama-2-7B + Llama-2-70B mlp profiles and h100_dgx all_reduce (microsoft/vidur)",
 )
+
+
+# Published H100-SXM5 forward attention rates, head dim 128, BF16, TFLOP/s by sequence length (batch x seqlen
+# = 16K tokens, 2,048 = heads x head dim): FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608),
+# Figure 5, "Attention forward speed, head dim 128 (H100 80GB SXM5)", as transcribed (figure labels) on
+# subtext.edge.nugit.net/image/e27582d2... (non-causal) and .../image/4ec6690918... (causal); the FA2 bars
+# of the same figures are FlashAttention-2's. The two transcriptions of the non-causal 512 bar disagree
+# (467 or 497; we take 467). A third measurement, pytorch/benchmark PR 2391 (FA3, same shapes, non-causal),
+# reads 430 / 517 / 565 / 590 / 614 / 621: within 8% of the figure above 1K.
+ATTN_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+FA3_NONCAUSAL_TFLOPS = (467, 565, 625, 638, 646, 648)
+FA3_CAUSAL_TFLOPS = (292, 423, 521, 579, 602, 616)
+FA2_NONCAUSAL_TFLOPS = (309, 350, 362, 368, 370, 370)
+FA2_CAUSAL_TFLOPS = (191, 260, 298, 319, 333, 335)
+H100_PEAK_TFLOPS = 989.0          # dense BF16, the denominator of the paper's "75% utilization" (740 TFLOP/s)
+ATTN_BLOCK_M = 128                # query rows per thread block (FA2/FA3 at head dim 128): a partial block
+                                  # costs a whole one; FA3 packs a GQA group's heads into the rows (pack_gqa)
+ATTN_TABLES = {"fa3": (FA3_NONCAUSAL_TFLOPS, FA3_CAUSAL_TFLOPS), "fa2": (FA2_NONCAUSAL_TFLOPS, FA2_CAUSAL_TFLOPS)}
+ATTN_MODELS = ("fa3", "fa2", "flat")
+
+
+def _rate_table(tflops) -> tuple[np.ndarray, np.ndarray]:
+    return np.log2(np.array(ATTN_SEQLENS, dtype=float)), np.array(tflops, dtype=float) / H100_PEAK_TFLOPS
+
+
+def attention_eff(seqlen, kernel: str = "fa3", causal: bool = False):
+    """Fraction of the bf16 peak the kernel's forward reaches at `seqlen` (interpolated in log2 length,
+    held at the end points outside 512-16K)."""
+    if kernel not in ATTN_TABLES:
+        raise ValueError(f"kernel must be one of {sorted(ATTN_TABLES)}, got {kernel!r}")
+    xs, ys = _rate_table(ATTN_TABLES[kernel][1 if causal else 0])
+    return np.interp(np.log2(np.maximum(seqlen, 1.0)), xs, ys)
 
 
 def soft_max(a, b, p: float):
@@ -265,6 +303,15 @@ class LatencyModel:
         self._kv_layer_bytes = 2.0 * kv_heads_gpu * s.head_dim * DTYPE_BYTES       # per token, layer, GPU
         self._kv_read_s = self._kv_layer_bytes / bw                               # per token per layer
         self._attn_flop_s = 4.0 * s.heads / tp * s.head_dim / (cal.attn_flops_eff * self.gpu.peak_flops)
+        if cal.attn_model not in ATTN_MODELS:
+            raise ValueError(f"cal.attn_model must be one of {ATTN_MODELS}, got {cal.attn_model!r}")
+        self._attn_flat = cal.attn_model == "flat"
+        if not self._attn_flat:
+            self._attn_tables = tuple(_rate_table(t) for t in ATTN_TABLES[cal.attn_model])
+            self._attn_unit_s = 4.0 * s.heads / tp * s.head_dim / self.gpu.peak_flops   # per q·k pair at peak
+            # query rows per token in a block: FA3 packs the GQA group (heads per KV head) into the rows
+            self._attn_rows = s.heads // s.kv_heads if cal.attn_model == "fa3" else 1
+        self._attn_cache: dict[tuple[int, int], float] = {}
         self._full_layers = s.attn_layers - s.sliding_layers
         self._state_s = 2.0 * s.state_bytes / tp / bw                             # read + write per seq
         self._state_flop_s = 2.0 * s.state_bytes / tp / (cal.attn_flops_eff * self.gpu.peak_flops)
@@ -292,13 +339,18 @@ class LatencyModel:
                     raise ValueError(f"prefill chunks need new_tokens > 0 and cached >= 0, got {(q, c)}")
                 tokens += q
                 lin_tokens += q
+                if not self._attn_flat:
+                    attn += self._full_layers * self.attention_s(q, c)
+                    if s.sliding_layers:
+                        attn += s.sliding_layers * self.attention_s(q, min(c, window))
+                    continue
                 mid = c + (q + 1) * 0.5                                          # mean causal context
                 units += self._full_layers * q * mid
                 kv_tokens += self._full_layers * (c + q)
                 if s.sliding_layers:
                     units += s.sliding_layers * q * min(mid, window)
                     kv_tokens += s.sliding_layers * (min(c, window) + q)
-            attn = units * self._attn_flop_s + kv_tokens * self._kv_read_s
+            attn += units * self._attn_flop_s + kv_tokens * self._kv_read_s
             if s.linear_layers:
                 attn += s.linear_layers * (len(prefill) * self._state_s + lin_tokens * self._state_flop_s)
         if n_dec:
@@ -331,6 +383,27 @@ class LatencyModel:
         if head is None:
             head = self._head[seqs] = float(gemm_s(seqs, s.vocab / self.tp, s.hidden, self.gpu, self.cal))
         return dense + head + attn + self._attn_launch_s + self._iteration_s + seqs * self._per_seq_s
+
+    def attention_s(self, q: int, c: int) -> float:
+        """Seconds of one attention layer's prefill of `q` new tokens after `c` cached ones on one GPU, by
+        shape: the q x c rectangle at the kernel's non-causal rate at key length c + q, the q(q+1)/2
+        triangle at its causal rate at length q, both divided by the used share of the last 128-row query
+        block, never below the read of the c + q cached KV tokens. ("flat" model: `attn_flops_eff`.)"""
+        if self._attn_flat:
+            return q * (c + (q + 1) * 0.5) * self._attn_flop_s + (c + q) * self._kv_read_s
+        key = (q, c)
+        hit = self._attn_cache.get(key)
+        if hit is not None:
+            return hit
+        (nc_x, nc_y), (ca_x, ca_y) = self._attn_tables
+        rows = q * self._attn_rows
+        used = rows / (ATTN_BLOCK_M * -(-rows // ATTN_BLOCK_M))
+        rect = q * c / float(np.interp(math.log2(c + q), nc_x, nc_y)) if c else 0.0
+        tri = q * (q + 1) * 0.5 / float(np.interp(math.log2(q), ca_x, ca_y))
+        out = max((rect + tri) * self._attn_unit_s / used, (c + q) * self._kv_read_s)
+        if len(self._attn_cache) < 200_000:
+            self._attn_cache[key] = out
+        return out
 
     def _dense_time(self, t: int) -> float:
         """All layers' projections, MLP/MoE, elementwise ops and all-reduces for `t` tokens."""

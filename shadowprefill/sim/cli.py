@@ -73,7 +73,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     from shadowprefill.cluster.workloads import WORKLOADS
     p.add_argument("--workload", default="fusionbench", metavar="NAME",
                    help=f"session generator matching the paper's Table 1: {' | '.join(WORKLOADS)}")
-    p.add_argument("--pair", required=True, help="two different models, SMALL/LARGE as in the paper's figures "
+    p.add_argument("--pair", help="two different models, SMALL/LARGE as in the paper's figures "
                    "(e.g. Q2.5-7B/L3.1-70B), or A/B/C for N models")
     p.add_argument("--duration", type=positive_float, default=600.0, help="measured simulated seconds")
     p.add_argument("--warmup", type=nonneg_float, default=WARMUP_S,
@@ -115,6 +115,8 @@ def register(subparsers) -> None:
     _add_common(sim)
     sim.add_argument("--policies", default="no-shadow,harvest-slo+host,oracle+host",
                      help=f"comma-separated, or 'all' ({', '.join(POLICIES)})")
+    sim.add_argument("--pairs", help="'paper': every Table 3 pair of --workload, one experiment each (instead "
+                                     "of --pair); or comma-separated pair labels")
     sim.add_argument("--out", required=True, help="output JSON file")
     sim.add_argument("--records", help="also write every completed call of every policy here (JSON lines: "
                                        "policy + the call's record, see sim/metrics.py CallRecord)")
@@ -168,6 +170,8 @@ def _routers(args) -> dict:
 
 def experiment_from_args(args, policies: str) -> "Experiment":
     from shadowprefill.sim.experiment import Experiment, parse_models
+    if not args.pair:
+        raise ValueError("--pair is required (SMALL/LARGE, e.g. Q2.5-7B/L3.1-70B)")
     models = parse_models(args.pair, args.workload)
     check_pair(models, args.pair)
     return Experiment(**_routers(args), workload=args.workload, models=models,
@@ -244,6 +248,8 @@ def write_records(path: str, runs: dict) -> int:
 def cmd_simulate(args) -> int:
     from shadowprefill.sim.experiment import run_experiment
     from shadowprefill.sim.report import format_table, write_figures
+    if getattr(args, "pairs", None):
+        return _simulate_pairs(args)
     with user_input():
         exp = experiment_from_args(args, args.policies)
         check_experiment(exp)
@@ -264,6 +270,35 @@ def cmd_simulate(args) -> int:
     if args.plot:
         for path in write_figures(result, runs, args.plot):
             print(f"wrote {path}")
+    return 0
+
+
+def _simulate_pairs(args) -> int:
+    """`simulate --pairs paper|A/B,C/D`: one experiment per pair; --out gets {"pairs": {label: result}}."""
+    from shadowprefill.model.catalog import PAIRS
+    from shadowprefill.sim.experiment import run_experiment
+    from shadowprefill.sim.report import format_table
+    with user_input():
+        if args.pairs == "paper":
+            if args.workload not in PAIRS:
+                raise ValueError(f"--pairs paper: workload {args.workload!r} has no Table 3 pairs")
+            labels = list(PAIRS[args.workload])
+        else:
+            labels = [x.strip() for x in args.pairs.split(",") if x.strip()]
+        exps = {label: experiment_from_args(argparse.Namespace(**{**vars(args), "pair": label}), args.policies)
+                for label in labels}
+        for exp in exps.values():
+            check_experiment(exp)
+        check_output_file(args.out, "--out")
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    results = {}
+    for label, exp in exps.items():
+        result = run_experiment(exp, progress=not args.quiet, jobs=args.jobs, log=log)
+        result.pop("runs")
+        results[label] = result
+        if not args.quiet:
+            print(f"== {label}\n{format_table(result)}", file=sys.stderr)
+    write_json(args.out, {"pairs": results})
     return 0
 
 

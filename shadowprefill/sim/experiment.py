@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from shadowprefill.cluster.cache_aware_router import CALL_ROUTERS, make_call_router, route_quality
 from shadowprefill.cluster.router import MarkovRouter, RandomRouter, SwitchPredictor
 from shadowprefill.cluster.traces import load_azure_trace, load_sessions
-from shadowprefill.cluster.workloads import Session, generate_sessions
+from shadowprefill.cluster.workloads import Session, WorkloadSpec, generate_sessions, get_workload
 from shadowprefill.model.catalog import PAIRS, get_pair, resolve_name
 from shadowprefill.sim.capacity import normal_rates
 from shadowprefill.sim.metrics import RunResult, common_call_keys, compare
@@ -126,6 +126,25 @@ def reroute(sessions: Sequence[Session], router) -> list[Session]:
     return out
 
 
+def session_workload(exp: Experiment) -> WorkloadSpec:
+    """The workload's generator spec, its compaction window capped so that every call fits each model's KV
+    pool: §4 compacts the history "when the context reaches the model's window", and a prompt plus its
+    output beyond an instance's whole KV pool cannot be served at all (GHCP-like contexts reach 131K tokens;
+    Gemma-2-9B's pool on one H100 holds about 115K). Unchanged when every pool is larger."""
+    from shadowprefill.model.latency import LatencyModel
+    spec = get_workload(exp.workload)
+    cfg = sim_config(exp)
+    bs = cfg.engine.block_size
+    pool = min((LatencyModel(m, cfg.gpu, tp=cfg.tp.get(m)).max_kv_tokens(cfg.hbm_fraction) // bs) * bs
+               for m in exp.models)
+    window = pool - spec.max_output - bs
+    if window >= spec.context_window:
+        return spec
+    if window < 4 * spec.summary_tokens:
+        raise ValueError(f"models {list(exp.models)}: a KV pool of {pool} tokens is too small for {exp.workload}")
+    return dataclasses.replace(spec, context_window=int(window))
+
+
 def build_sessions(exp: Experiment) -> list[Session]:
     """The experiment's sessions: generated (Table 1 statistics) or loaded, then optionally re-routed."""
     horizon = exp.warmup_s + exp.duration_s
@@ -135,7 +154,7 @@ def build_sessions(exp: Experiment) -> list[Session]:
         if unknown and exp.router in (None, "replay"):
             raise ValueError(f"sessions file routes to {sorted(unknown)}, not among models {list(exp.models)}")
     else:
-        sessions = generate_sessions(exp.workload, exp.models, duration_s=horizon, seed=exp.seed,
+        sessions = generate_sessions(session_workload(exp), exp.models, duration_s=horizon, seed=exp.seed,
                                      session_rate=exp.session_rate)
     if exp.router == "markov":
         sessions = reroute(sessions, MarkovRouter(exp.models, exp.switch_p, seed=exp.seed))

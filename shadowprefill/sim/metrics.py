@@ -138,6 +138,33 @@ def summarize(run: RunResult, keys: "set[tuple[str, int]] | None" = None) -> dic
     }
 
 
+# Figure 9c: switch calls binned by the context they carry (prompt tokens), and Figure 9a: by the size of
+# the model they switch to (total parameters, §5.5 "< 15B, 15-50B, > 50B"). (label, upper bound).
+CONTEXT_BINS = (("<2K", 2048), ("2-4K", 4096), ("4-8K", 8192), ("8-16K", 16384), ("16-32K", 32768),
+                ("32-64K", 65536), (">64K", math.inf))
+TARGET_BINS = (("<15B", 15.0), ("15-50B", 50.0), (">50B", math.inf))
+
+
+def _bin(value: float, bins) -> str:
+    return next(label for label, upper in bins if value < upper)
+
+
+def switch_breakdown(calls: Iterable[CallRecord]) -> dict:
+    """Summed latency and count of switch calls per context bin and per target-size bin:
+    {"by_context": {bin: [latency_s, n]}, "by_target": {bin: [latency_s, n]}} (call-weighted sums, so runs
+    and pairs add up; a bin's reduction is 1 - sum(policy) / sum(baseline) over the same calls)."""
+    out: dict = {"by_context": {b: [0.0, 0] for b, _ in CONTEXT_BINS},
+                 "by_target": {b: [0.0, 0] for b, _ in TARGET_BINS}}
+    for c in calls:
+        if not c.is_switch:
+            continue
+        for key, b in (("by_context", _bin(c.prompt_tokens, CONTEXT_BINS)),
+                       ("by_target", _bin(get_model(c.model).params_b, TARGET_BINS))):
+            out[key][b][0] += c.latency
+            out[key][b][1] += 1
+    return out
+
+
 # Metrics where lower is better: reported as % reduction vs the baseline (positive = better).
 REDUCTION_METRICS = ("switch_call_latency_mean_s", "switch_call_ttft_mean_s", "llm_call_latency_mean_s",
                      "llm_call_ttft_mean_s", "llm_time_per_session_s", "token_cost")
@@ -170,6 +197,8 @@ def compare(runs: "dict[str, RunResult]", baseline: str = "no-shadow",
         raise ValueError("runs must not be empty")
     keys = common_call_keys(runs.values())
     out = {name: summarize(run, keys) for name, run in runs.items()}
+    for name, run in runs.items():
+        out[name]["switch_breakdown"] = switch_breakdown(c for c in run.calls if c.measured and c.key in keys)
     for s in out.values():
         s["switch_latency_gain_vs_oracle"] = None
     base = out.get(baseline)

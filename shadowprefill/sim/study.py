@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from shadowprefill.cluster.workloads import get_workload
+from shadowprefill.model.catalog import PAIRS, get_model
 from shadowprefill.sim.experiment import (
     WINDOW_LOAD,
     Experiment,
@@ -31,6 +32,10 @@ from shadowprefill.sim.experiment import (
 from shadowprefill.sim.report import PAPER_HEADLINES
 
 STUDY_POLICIES = ("no-shadow", "harvest-slo+host", "oracle+host")
+# Baseline observables kept per run beside METRICS (issue 25, item 4; see docs/paper-comparison.md).
+OBSERVABLES = ("num_switch_calls", "num_calls", "switch_call_latency_mean_s", "same_model_call_latency_mean_s",
+               "llm_call_latency_mean_s", "switch_call_ttft_mean_s", "same_model_hit_rate", "switch_hit_rate",
+               "shadow_over_budget_fraction", "shadow_budget_ratio_max")
 PAPER_DURATION_S = {"fusionbench": 600.0, "ghcp-coding": 1800.0}     # §5.1 "Measurement"
 # The short default study's session rate (sessions/s, both workloads): 2x FusionBench's and 5x GHCP's
 # (appendix D.1 rates 0.05 and 0.02), for more switch calls per simulated second; --paper-length keeps theirs.
@@ -56,6 +61,7 @@ class StudySpec:
 
     workloads: tuple[str, ...] = ("ghcp-coding", "fusionbench")
     pair: str = "Q2.5-7B/L3.1-70B"
+    pairs: tuple[str, ...] = ()          # ("paper",): each workload's Table 3 pairs; else labels (overrides pair)
     seeds: tuple[int, ...] = (0,)
     windows: tuple[str, ...] = ("peak", "median", "trough")
     duration_s: dict = field(default_factory=lambda: {"fusionbench": 300.0, "ghcp-coding": 300.0})
@@ -79,14 +85,23 @@ class StudySpec:
         if "no-shadow" not in self.policies:
             raise ValueError("policies must include no-shadow (every reduction is relative to it)")
 
+    def pairs_of(self, workload: str) -> list[str]:
+        """The pair labels run on `workload`: `pair`, or `pairs` ("paper": its Table 3 pairs)."""
+        if not self.pairs:
+            return [self.pair]
+        if "paper" in self.pairs:
+            if workload not in PAIRS:
+                raise ValueError(f"pairs: workload {workload!r} has no Table 3 pairs; known: {sorted(PAIRS)}")
+            return list(PAIRS[workload])
+        return list(self.pairs)
+
     def experiments(self) -> list[Experiment]:
-        models = parse_models(self.pair)
-        return [Experiment(workload=w, models=models, policies=list(self.policies),
+        return [Experiment(workload=w, models=parse_models(pair), policies=list(self.policies),
                            duration_s=float(self.duration_s.get(w, 300.0)), warmup_s=self.warmup_s, rho=self.rho,
                            seed=s, window=win, capacity=dict(self.capacity),
                            session_rate=self.session_rate,
                            sim={"max_drain_s": self.max_drain_s, "admission": self.admission})
-                for w in self.workloads for s in self.seeds for win in self.windows]
+                for w in self.workloads for pair in self.pairs_of(w) for s in self.seeds for win in self.windows]
 
 
 def _run_one(exp: Experiment) -> tuple[dict, dict]:
@@ -115,18 +130,107 @@ def aggregate(runs: list[tuple[dict, dict]]) -> dict:
         w = out.setdefault(config["workload"], {})
         for policy, summary in summaries.items():
             slot = w.setdefault(policy, {})
-            for key, _ in METRICS + (("num_switch_calls", ""), ("num_calls", "")):
+            for key in dict.fromkeys([k for k, _ in METRICS] + list(OBSERVABLES)):
                 slot.setdefault(key, []).append(summary.get(key))
-    for w, policies in out.items():
-        for policy, slot in policies.items():
-            for key in list(slot):
-                m, se = mean_se(slot[key])
-                slot[key] = (m, se, len(slot[key]))
-        ours, oracle = policies.get("harvest-slo+host"), policies.get("oracle+host")
-        if ours and oracle and oracle["switch_call_latency_mean_s_reduction_pct"][0] > 0:
-            share = ours["switch_call_latency_mean_s_reduction_pct"][0] / oracle["switch_call_latency_mean_s_reduction_pct"][0]
-            policies["share_of_oracle_gain"] = share
+            sw, same = summary.get("switch_call_latency_mean_s"), summary.get("same_model_call_latency_mean_s")
+            slot.setdefault("switch_same_ratio", []).append(sw / same if sw and same else None)
+    for policies in out.values():
+        _reduce(policies)
     return out
+
+
+def _reduce(policies: dict) -> None:
+    """{policy: {metric: [values]}} -> {policy: {metric: (mean, se, n)}} in place, plus the share of
+    Oracle+Host's switch-latency gain (ratio of the mean reductions) when both ran."""
+    for slot in policies.values():
+        for key in list(slot):
+            m, se = mean_se(slot[key])
+            slot[key] = (m, se, len(slot[key]))
+    ours, oracle = policies.get("harvest-slo+host"), policies.get("oracle+host")
+    key = "switch_call_latency_mean_s_reduction_pct"
+    if ours and oracle and oracle[key][0] > 0:
+        policies["share_of_oracle_gain"] = ours[key][0] / oracle[key][0]
+
+
+def pair_label(models) -> str:
+    """"Q2.5-7B/L3.1-70B" of a (small, large) pair of catalog names."""
+    return "/".join(get_model(m).label for m in models)
+
+
+def aggregate_pairs(runs: list[tuple[dict, dict]]) -> dict:
+    """Per workload and pair, `aggregate` of that pair's runs, and the paper's "mean over pairs": each metric
+    as (mean of the per-pair means, SE over pairs, number of pairs), with Oracle+Host's share from the means.
+    {"per_pair": {workload: {pair: aggregate}}, "means": {workload: {policy: {metric: (m, se, n)}}}}."""
+    groups: dict = {}
+    for config, summaries in runs:
+        groups.setdefault(config["workload"], {}).setdefault(pair_label(config["models"]), []).append(
+            (config, summaries))
+    per_pair = {w: {p: aggregate(rs)[w] for p, rs in pairs.items()} for w, pairs in groups.items()}
+    means: dict = {}
+    for w, pairs in per_pair.items():
+        out = means.setdefault(w, {})
+        for agg in pairs.values():
+            for policy, slot in agg.items():
+                if policy == "share_of_oracle_gain":
+                    continue
+                for key, (m, _, _) in slot.items():
+                    out.setdefault(policy, {}).setdefault(key, []).append(m)
+        _reduce(out)
+    return {"per_pair": per_pair, "means": means}
+
+
+def breakdown(runs: list[tuple[dict, dict]]) -> dict:
+    """Figures 9a and 9c: per workload, policy and bin (target size; context before the switch), the
+    switch-call latency reduction vs No Shadow over all runs and pairs, call-weighted (1 - summed latency /
+    No Shadow's summed latency over the same calls), with the number of switch calls:
+    {workload: {"by_target" | "by_context": {policy: {bin: (reduction_pct, n)}}}}."""
+    sums: dict = {}
+    for config, summaries in runs:
+        for policy, summary in summaries.items():
+            for cut, bins in summary.get("switch_breakdown", {}).items():
+                slot = sums.setdefault(config["workload"], {}).setdefault(cut, {}).setdefault(policy, {})
+                for b, (lat, n) in bins.items():
+                    acc = slot.setdefault(b, [0.0, 0])
+                    acc[0] += lat
+                    acc[1] += n
+    out: dict = {}
+    for w, cuts in sums.items():
+        for cut, policies in cuts.items():
+            base = policies.get("no-shadow", {})
+            for policy, bins in policies.items():
+                out.setdefault(w, {}).setdefault(cut, {})[policy] = {
+                    b: ((100.0 * (1.0 - lat / base[b][0]) if base.get(b) and base[b][0] > 0 else math.nan), n)
+                    for b, (lat, n) in bins.items()}
+    return out
+
+
+# The paper's Figure 9 values where its text gives them (§5.5): Harvest-SLO+Host's switch-call latency
+# reduction by target size and below 2K / beyond 64K tokens of context.
+PAPER_BREAKDOWN = {"by_target": {"<15B": 12.0, "15-50B": 4.0, ">50B": 3.0},
+                   "by_context": {"<2K": 0.7, ">64K": 20.5}}
+
+
+def breakdown_table(study: dict) -> str:
+    """Figure 9a/9c as text: per workload and cut, each policy's reduction per bin (n calls), the paper's."""
+    from shadowprefill.sim.metrics import CONTEXT_BINS, TARGET_BINS
+    lines = []
+    for w, cuts in study.get("breakdown", {}).items():
+        for cut, bins, fig, what in (("by_target", TARGET_BINS, "9a", "target-model size"),
+                                     ("by_context", CONTEXT_BINS, "9c", "context before the switch")):
+            policies = cuts.get(cut, {})
+            lines.append(f"\n== {w}: switch-call latency reduction (%) by {what} (Figure {fig}), "
+                         "call-weighted over all runs and pairs; (n switch calls)")
+            lines.append("  " + f"{'policy':18s}" + "".join(f"{b:>15s}" for b, _ in bins))
+            for policy, row in policies.items():
+                if policy == "no-shadow":
+                    continue
+                cells = "".join(f"{row[b][0]:7.1f} ({row[b][1]:4d})" if row[b][1] else f"{'-':>15s}"
+                                for b, _ in bins)
+                lines.append(f"  {policy:18s}{cells}")
+            paper = PAPER_BREAKDOWN[cut]
+            lines.append("  " + f"{'paper (H-SLO+Host)':18s}" + "".join(
+                f"{paper[b]:15.1f}" if b in paper else f"{'':15s}" for b, _ in bins))
+    return "\n".join(lines)
 
 
 def default_study_models() -> tuple[str, ...]:
@@ -146,11 +250,17 @@ def run_study(spec: StudySpec, log=None, *, ray: bool = False, ray_address: str 
     # so that local workers find it cached
     from shadowprefill.sim.capacity import normal_rates
     from shadowprefill.sim.experiment import sim_config
-    normal_rates(exps[0].models, sim_config(exps[0]), spec.rho, capacity=spec.capacity, log=log)
+    for models in dict.fromkeys(e.models for e in exps):
+        exp = next(e for e in exps if e.models == models)
+        normal_rates(models, sim_config(exp), spec.rho, capacity=spec.capacity, log=log)
     runs = map_jobs(_run_one, exps, jobs=jobs, ray=ray, ray_address=ray_address, desc="runs",
                     progress=log is not None)
-    return {"spec": asdict(spec), "runs": runs, "aggregate": aggregate(runs),
-            "wall_s": time.perf_counter() - start}
+    out = {"spec": asdict(spec), "runs": runs, "aggregate": aggregate(runs), "breakdown": breakdown(runs),
+           "wall_s": time.perf_counter() - start}
+    if spec.pairs:                     # the paper's numbers are means over pairs: so are ours
+        by_pair = aggregate_pairs(runs)
+        out["aggregate"], out["per_pair"] = by_pair["means"], by_pair["per_pair"]
+    return out
 
 
 def _paper_value(workload: str, key: str, policy: str):
@@ -207,6 +317,15 @@ def study_table(study: dict) -> str:
     return "\n".join(lines)
 
 
+def _save(fig, out: Path, name: str) -> Path:
+    from shadowprefill.sim.report import _pyplot
+    fig.tight_layout()
+    path = out / name
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
 def plot_study(study: dict, out_dir: str | Path) -> Path:
     """One panel per workload: each policy's four reductions with ±1 SE bars, the paper's as markers."""
     from shadowprefill.sim.report import _pyplot
@@ -235,11 +354,76 @@ def plot_study(study: dict, out_dir: str | Path) -> Path:
         ax.set_title(f"{workload} ({spec['pair']}), ±1 SE over {len(spec['seeds']) * len(spec['windows'])} runs")
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "study_reductions.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "study_reductions.png")
+
+
+PAIR_COLUMNS = (("switch_call_latency_mean_s_reduction_pct", "switch lat."),
+                ("llm_call_latency_mean_s_reduction_pct", "LLM-call lat."),
+                ("switch_call_ttft_mean_s_reduction_pct", "switch TTFT"),
+                ("token_cost_reduction_pct", "token cost"))
+
+
+def pairs_table(study: dict) -> str:
+    """Per workload and pair: each policy's reductions (mean ± SE over that pair's runs), then the mean over
+    pairs beside the paper's mean over its pairs."""
+    lines = []
+    for w, pairs in study["per_pair"].items():
+        lines.append(f"\n== {w}: per pair (reduction vs No Shadow, %, mean ± SE over the pair's runs)")
+        lines.append(f"  {'pair':22s}{'policy':18s}" + "".join(f"{label:>17s}" for _, label in PAIR_COLUMNS)
+                     + f"{'cold switch (s)':>17s}")
+        for pair, agg in pairs.items():
+            for policy in study["spec"]["policies"]:
+                if policy == "no-shadow" or policy not in agg:
+                    continue
+                cells = "".join(f"{agg[policy][k][0]:9.1f} ± {agg[policy][k][1]:4.1f}" for k, _ in PAIR_COLUMNS)
+                cold = agg["no-shadow"]["switch_call_latency_mean_s"][0]
+                lines.append(f"  {pair:22s}{policy:18s}{cells}{cold:17.2f}")
+        means = study["aggregate"][w]
+        lines.append(f"  {'mean over pairs':22s}")
+        for policy in study["spec"]["policies"]:
+            if policy == "no-shadow" or policy not in means:
+                continue
+            cells = "".join(f"{means[policy][k][0]:9.1f} ± {means[policy][k][1]:4.1f}" for k, _ in PAIR_COLUMNS)
+            lines.append(f"  {'':22s}{policy:18s}{cells}")
+            paper = [_paper_value(w, k, policy) for k, _ in PAIR_COLUMNS]
+            if any(v is not None for v in paper):
+                lines.append(f"  {'':22s}{'  paper':18s}" + "".join(
+                    f"{v:17.1f}" if v is not None else f"{'':17s}" for v in paper))
+    return "\n".join(lines)
+
+
+def plot_pairs(study: dict, out_dir: str | Path) -> Path:
+    """Per workload: switch-call latency reduction of each shown policy on every pair (±1 SE over the pair's
+    runs), the mean over pairs as a dashed line and the paper's mean over its pairs as a diamond."""
+    from shadowprefill.sim.report import _pyplot
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    key = "switch_call_latency_mean_s_reduction_pct"
+    per_pair = study["per_pair"]
+    fig, axes = plt.subplots(1, len(per_pair), figsize=(6.5 * len(per_pair), 4.2), squeeze=False)
+    for ax, (w, pairs) in zip(axes[0], per_pair.items()):
+        shown = [p for p in study["spec"]["policies"] if p != "no-shadow"]
+        width = 0.8 / max(1, len(shown))
+        labels = list(pairs)
+        for i, policy in enumerate(shown):
+            xs = [j + (i - (len(shown) - 1) / 2) * width for j in range(len(labels))]
+            ms = [pairs[p][policy][key][0] if policy in pairs[p] else math.nan for p in labels]
+            ses = [pairs[p][policy][key][1] if policy in pairs[p] else 0.0 for p in labels]
+            bars = ax.bar(xs, ms, width, yerr=ses, capsize=3, label=policy)
+            mean = study["aggregate"][w].get(policy, {}).get(key, (math.nan,))[0]
+            ax.axhline(mean, color=bars.patches[0].get_facecolor(), linestyle="--", linewidth=1)
+            ref = _paper_value(w, key, policy)
+            if ref is not None:
+                ax.plot([len(labels) - 0.4], [ref], marker="D", color=bars.patches[0].get_facecolor(),
+                        markeredgecolor="black", linestyle="none", label=f"paper mean, {policy}")
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_ylabel("switch-call latency reduction (%)")
+        ax.set_title(f"{w}: per pair (dashed: mean over pairs)", fontsize=9)
+        ax.legend(fontsize=7)
+    return _save(fig, out, "pairs_switch_latency.png")
 
 
 FIGURE4_PANELS = (("llm_call_latency_mean_s_reduction_pct", "all LLM calls"),
@@ -279,11 +463,7 @@ def plot_policies(study: dict, out_dir: str | Path) -> Path:
             ax.set_title(f"{workload} ({spec['pair']}): {label}, ±1 SE over {n_runs} runs", fontsize=9)
             if any(_paper_value(workload, key, p) is not None for p in shown):
                 ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "figure4_policies.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "figure4_policies.png")
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -299,6 +479,8 @@ def register(subparsers) -> None:
                                           "the paper's numbers; writes study.json and figures to --out.")
     p.add_argument("--workloads", default="ghcp-coding,fusionbench", help="comma-separated session generators")
     p.add_argument("--pair", default=StudySpec.pair, help="two different models, SMALL/LARGE")
+    p.add_argument("--pairs", help="'paper': every Table 3 pair of each workload (per-pair results and the mean "
+                                   "over pairs beside the paper's means); or comma-separated pair labels")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (paper: 0,1,2)")
     p.add_argument("--windows", default="peak,median,trough",
                    help="comma-separated measurement windows (normal load x 1, 0.5, 0.25 of the peak hour)")
@@ -334,14 +516,19 @@ def spec_from_args(args) -> StudySpec:
     else:
         duration, warmup = {w: args.duration for w in workloads}, args.warmup
         rate = DEMO_SESSION_RATE if args.session_rate is None else args.session_rate
-    spec = StudySpec(workloads=workloads, pair=args.pair, seeds=tuple(comma_list(args.seeds, int, "--seeds integer")),
+    pairs = tuple(comma_list(args.pairs)) if getattr(args, "pairs", None) else ()
+    spec = StudySpec(workloads=workloads, pair=args.pair, pairs=pairs, seeds=tuple(comma_list(args.seeds, int, "--seeds integer")),
                      capacity=parse_capacity(args.capacity), windows=tuple(comma_list(args.windows)),
                      duration_s=duration, warmup_s=warmup, session_rate=rate,
                      policies=tuple(p.name for p in parse_policies("all" if getattr(args, "all_policies", False) else args.policies)),
                      jobs=args.jobs, admission=getattr(args, "admission", "fcfs"))
     if any(s < 0 for s in spec.seeds):
         raise ValueError(f"--seeds must be integers >= 0, got {args.seeds!r}")
-    check_pair(spec.experiments()[0].models, args.pair)     # parse_models validates the names
+    if not spec.pairs:
+        check_pair(spec.experiments()[0].models, args.pair)     # parse_models validates the names
+    for w in spec.workloads:
+        spec.pairs_of(w)             # validates --pairs paper against the workloads
+    spec.experiments()               # validates the pairs
     return spec
 
 
@@ -355,16 +542,22 @@ def _demo(args) -> int:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out}: exists and is not a directory")
     n = len(spec.experiments())
+    pairs = {w: spec.pairs_of(w) for w in spec.workloads}
     where = ("Ray tasks" + (f" on {args.ray_address}" if args.ray_address else "") if use_ray
              else f"{spec.jobs or os.cpu_count()} processes")
     log = functools.partial(print, file=sys.stderr, flush=True)        # progress and logs: stderr
     log(f"shadowprefill demo: {n} runs ({', '.join(spec.workloads)} x seeds {list(spec.seeds)} x windows "
-        f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pair {spec.pair}, {where}")
+        f"{list(spec.windows)}), policies {', '.join(spec.policies)}, pairs {pairs}, {where}")
     study = run_study(spec, log=log, ray=use_ray, ray_address=args.ray_address)
     print(study_table(study))
+    if "per_pair" in study:
+        print(pairs_table(study))
+    print(breakdown_table(study))
     out.mkdir(parents=True, exist_ok=True)
     (out / "study.json").write_text(json.dumps({k: v for k, v in study.items()}, indent=1, default=str))
     figs = [plot_study(study, out)] + ([plot_policies(study, out)] if getattr(args, "all_policies", False) else [])
+    if "per_pair" in study:
+        figs.append(plot_pairs(study, out))
     print(f"\nwall time {study['wall_s']:.0f} s")
     for path in [out / "study.json", *figs]:
         print(f"wrote {path}")

@@ -225,3 +225,50 @@ def test_bad_inputs_raise_value_errors_naming_them():
         LatencyModel(SimpleNamespace(hidden_size=1))
     with pytest.raises(ValueError, match="tokens"):
         m.prefill_time(0)
+
+
+def _interp_log2(x, xs, ys):
+    """Linear interpolation in log2(x) between table points, held at the ends (written here, not numpy)."""
+    lx = math.log2(x)
+    pts = [(math.log2(a), b) for a, b in zip(xs, ys)]
+    if lx <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if lx <= x1:
+            return y0 + (y1 - y0) * (lx - x0) / (x1 - x0)
+    return pts[-1][1]
+
+
+@pytest.mark.parametrize("q,c", [(256, 0), (256, 40960), (64, 8192), (2048, 0), (1000, 300), (7, 65536)])
+def test_attention_cost_by_shape_matches_hand_computation(q, c):
+    """Issue 25: the q x c rectangle at FA3's non-causal rate at length c+q, the triangle at its causal rate
+    at length q, over the used share of the last 128-row block (GQA group packed), never below the KV read."""
+    from shadowprefill.model import latency as L
+    m = LatencyModel("Qwen2.5-7B")                     # 28 heads, 4 KV heads, head dim 128, tp 1
+    peak = GPUS["h100"].peak_flops
+    nc = _interp_log2(c + q, L.ATTN_SEQLENS, L.FA3_NONCAUSAL_TFLOPS) / 989.0
+    ca = _interp_log2(q, L.ATTN_SEQLENS, L.FA3_CAUSAL_TFLOPS) / 989.0
+    rows = q * 7
+    used = rows / (128 * math.ceil(rows / 128))
+    compute = 4 * 28 * 128 * (q * c / nc + q * (q + 1) / 2 / ca) / peak / used
+    kv_read = (c + q) * 2 * 4 * 128 * 2 / (H100.gemm_bw_eff * GPUS["h100"].hbm_bw)
+    assert m.attention_s(q, c) == pytest.approx(max(compute, kv_read), rel=1e-12)
+    # an iteration holding the chunk pays it on every layer
+    assert m.iteration_time([(q, c)], []) - m.iteration_time([(q, 0)], []) == pytest.approx(
+        28 * (m.attention_s(q, c) - m.attention_s(q, 0)), rel=1e-9)
+
+
+def test_flat_attention_option_is_the_half_peak_model():
+    """attn_model="flat" keeps the earlier model: attn_flops_eff of peak for every shape, KV read added."""
+    flat = dataclasses.replace(H100, attn_model="flat")
+    m = LatencyModel("Qwen2.5-7B", cal=flat)
+    q, c = 256, 40960
+    expected = (4 * 28 * 128 * q * (c + (q + 1) / 2) / (0.5 * GPUS["h100"].peak_flops)
+                + (c + q) * 2 * 4 * 128 * 2 / (H100.gemm_bw_eff * GPUS["h100"].hbm_bw))
+    assert m.attention_s(q, c) == pytest.approx(expected, rel=1e-12)
+    fa3 = LatencyModel("Qwen2.5-7B")
+    assert fa3.attention_s(q, c) < m.attention_s(q, c)             # long keys: FA3 runs at ~65% of peak
+    assert LatencyModel("Qwen2.5-7B", cal=dataclasses.replace(H100, attn_model="fa2")).attention_s(q, c) > \
+        fa3.attention_s(q, c)
+    with pytest.raises(ValueError, match="attn_model"):
+        LatencyModel("Qwen2.5-7B", cal=dataclasses.replace(H100, attn_model="fa9"))

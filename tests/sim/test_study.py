@@ -201,3 +201,108 @@ def test_demo_session_rate_default_and_paper_length():
     assert spec_from_args(parser.parse_args(["demo", "--session-rate", "0.3"])).session_rate == 0.3
     paper = spec_from_args(parser.parse_args(["demo", "--paper-length"]))
     assert paper.session_rate is None and all(e.session_rate is None for e in paper.experiments())
+
+
+def test_paper_pairs_spec_expands_table3():
+    """`--pairs paper` runs each workload's Table 3 pairs (six GHCP-coding, five FusionBench), every pair on
+    every seed and window; a workload without Table 3 pairs is a ValueError naming `pairs`."""
+    from shadowprefill.model.catalog import PAIRS
+    spec = StudySpec(workloads=("ghcp-coding", "fusionbench"), pairs=("paper",), seeds=(0, 1), windows=("peak",))
+    assert spec.pairs_of("ghcp-coding") == list(PAIRS["ghcp-coding"]) and len(PAIRS["ghcp-coding"]) == 6
+    assert len(spec.pairs_of("fusionbench")) == 5
+    exps = spec.experiments()
+    assert len(exps) == (6 + 5) * 2
+    assert {e.models for e in exps if e.workload == "fusionbench"} == set(PAIRS["fusionbench"].values())
+    bad = StudySpec(workloads=("fusionbench",), pairs=("paper",))
+    bad.workloads = ("nope",)
+    with pytest.raises(ValueError, match="pairs"):
+        bad.pairs_of("nope")
+
+
+def test_aggregate_pairs_is_the_mean_over_pair_means():
+    from shadowprefill.sim.study import aggregate_pairs
+    rng = random.Random(11)
+    runs = []
+    pairs = {("Qwen2.5-7B", "Llama-3.1-70B"): "Q2.5-7B/L3.1-70B", ("Llama-3.1-8B", "Llama-3.1-70B"): "L3.1-8B/L3.1-70B",
+             ("Mistral-7B", "Mixtral-8x22B"): "M-7B/Mx-8x22B"}
+    for models in pairs:
+        for _ in range(3):
+            (config, summaries), = _fake_runs(rng, 1)
+            config.update(workload="fusionbench", models=list(models))
+            runs.append((config, summaries))
+    out = aggregate_pairs(runs)
+    assert set(out["per_pair"]["fusionbench"]) == set(pairs.values())
+    key = "switch_call_latency_mean_s_reduction_pct"
+    per_pair = [statistics.fmean(s["harvest-slo+host"][key] for c, s in runs if tuple(c["models"]) == m)
+                for m in pairs]
+    m, se, n = out["means"]["fusionbench"]["harvest-slo+host"][key]
+    assert n == 3 and m == pytest.approx(statistics.fmean(per_pair))
+    assert se == pytest.approx(statistics.stdev(per_pair) / math.sqrt(3))
+    oracle = statistics.fmean(statistics.fmean(s["oracle+host"][key] for c, s in runs if tuple(c["models"]) == mm)
+                              for mm in pairs)
+    assert out["means"]["fusionbench"]["share_of_oracle_gain"] == pytest.approx(m / oracle)
+
+
+def test_switch_breakdown_bins_against_a_hand_count():
+    """Figure 9a/9c: switch calls binned by prompt tokens and by the target's total parameters; the study's
+    reduction per bin is 1 - summed latency / No Shadow's summed latency (call-weighted)."""
+    from types import SimpleNamespace
+    from shadowprefill.sim.metrics import switch_breakdown
+    from shadowprefill.sim.study import breakdown, breakdown_table
+    rng = random.Random(5)
+    models = ("Qwen2.5-7B", "Mistral-Nemo-12B", "Granite-34B-Code", "Llama-3.1-70B")
+    size = {"Qwen2.5-7B": "<15B", "Mistral-Nemo-12B": "<15B", "Granite-34B-Code": "15-50B", "Llama-3.1-70B": ">50B"}
+    calls = [SimpleNamespace(is_switch=rng.random() < 0.5, prompt_tokens=rng.choice([100, 3000, 70000, 20000]),
+                             model=rng.choice(models), latency=rng.uniform(0.5, 20)) for _ in range(200)]
+    got = switch_breakdown(calls)
+    ctx = {100: "<2K", 3000: "2-4K", 20000: "16-32K", 70000: ">64K"}
+    for b in ("<2K", "2-4K", "16-32K", ">64K", "4-8K"):
+        mine = [c.latency for c in calls if c.is_switch and ctx[c.prompt_tokens] == b]
+        assert got["by_context"][b][1] == len(mine) and got["by_context"][b][0] == pytest.approx(sum(mine))
+    for b in ("<15B", "15-50B", ">50B"):
+        mine = [c.latency for c in calls if c.is_switch and size[c.model] == b]
+        assert got["by_target"][b][1] == len(mine) and got["by_target"][b][0] == pytest.approx(sum(mine))
+    faster = [SimpleNamespace(**{**vars(c), "latency": c.latency * 0.8}) for c in calls]
+    runs = [({"workload": "ghcp-coding"}, {"no-shadow": {"switch_breakdown": got},
+                                           "harvest-slo+host": {"switch_breakdown": switch_breakdown(faster)}})] * 2
+    agg = breakdown(runs)["ghcp-coding"]
+    assert agg["by_context"]["harvest-slo+host"][">64K"][0] == pytest.approx(20.0)
+    assert agg["by_target"]["harvest-slo+host"][">50B"][1] == 2 * got["by_target"][">50B"][1]
+    assert "20.5" in breakdown_table({"breakdown": breakdown(runs)})
+
+
+def test_demo_pairs_end_to_end(tmp_path, capsys):
+    """`demo --pairs A,B`: per-pair aggregates, the mean over pairs as the aggregate, the per-pair table and
+    the Figure 9 breakdown printed, the per-pair chart written (tiny runs, fixed capacities)."""
+    from shadowprefill.cli import main
+    rc = main(["demo", "--workloads", "fusionbench", "--pairs", "Q2.5-7B/L3.1-70B,L3.1-8B/L3.1-70B", "--seeds", "2",
+               "--windows", "peak", "--duration", "10", "--warmup", "5", "--session-rate", "0.6", "--jobs", "1",
+               "--capacity", "Qwen2.5-7B=12.8,Llama-3.1-70B=3.8,Llama-3.1-8B=11.0", "--out", str(tmp_path)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    study = json.loads((tmp_path / "study.json").read_text())
+    per_pair = study["per_pair"]["fusionbench"]
+    assert set(per_pair) == {"Q2.5-7B/L3.1-70B", "L3.1-8B/L3.1-70B"}
+    key = "llm_call_latency_mean_s_reduction_pct"
+    ms = [per_pair[p]["harvest-slo+host"][key][0] for p in per_pair]
+    assert study["aggregate"]["fusionbench"]["harvest-slo+host"][key][0] == pytest.approx(statistics.fmean(ms))
+    assert "mean over pairs" in printed and "Figure 9c" in printed and "Figure 9a" in printed
+    assert (tmp_path / "pairs_switch_latency.png").stat().st_size > 0
+    n_switch = sum(s["no-shadow"]["num_switch_calls"] for _, s in study["runs"])
+    assert sum(n for _, n in study["breakdown"]["fusionbench"]["by_context"]["no-shadow"].values()) == n_switch
+
+
+def test_session_window_fits_the_smallest_kv_pool():
+    """GHCP-like contexts reach 131K tokens; Gemma-7B's pool on one H100 holds ~115K, so the pair's sessions
+    compact earlier and every call (prompt + output) fits; pairs with big pools keep the workload's spec."""
+    from shadowprefill.cluster.workloads import get_workload
+    from shadowprefill.model.latency import LatencyModel
+    from shadowprefill.sim.experiment import build_sessions, session_workload
+    big = Experiment(workload="ghcp-coding", models=PAIR)
+    assert session_workload(big) is get_workload("ghcp-coding")
+    exp = Experiment(workload="ghcp-coding", models=("Gemma-7B", "Mixtral-8x7B"), duration_s=600, warmup_s=60,
+                     session_rate=0.2, seed=1)
+    pool = LatencyModel("Gemma-7B").max_kv_tokens(0.9) // 16 * 16
+    assert session_workload(exp).context_window < pool < get_workload("ghcp-coding").context_window
+    longest = max(s.prompt_len(k) + c.output_tokens for s in build_sessions(exp) for k, c in enumerate(s.calls))
+    assert longest <= pool

@@ -1,0 +1,154 @@
+"""Markdown tables for docs/paper-comparison.md from `shadowprefill demo` outputs (study.json):
+the baseline observables beside the paper's, the per-pair table with the mean over pairs, and the
+Figure 9a / 9c breakdowns.
+
+    python bench/paper_comparison.py demo_out/study.json [more study.json ...]
+    python bench/paper_comparison.py --merge fb/study.json ghcp_*/study.json   # one table over all pairs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shadowprefill.sim.metrics import CONTEXT_BINS, TARGET_BINS  # noqa: E402
+from shadowprefill.sim.study import PAPER_BREAKDOWN, _paper_value  # noqa: E402
+
+# The paper's baseline observables, from its text (None: the text gives no number).
+PAPER_OBSERVABLES = {
+    "benchmarks": {"no_shadow_hit_rate": 75.0, "cold_switch_s": None, "switch_same_ratio": "3.2 (xRouteBench)",
+                   "host_tier_llm": 0.4, "eager_llm": -7.0},
+    "ghcp": {"no_shadow_hit_rate": 55.4, "cold_switch_s": 19.0, "switch_same_ratio": "1.5",
+             "host_tier_llm": 8.1, "eager_llm": -3.2},
+}
+RED = "llm_call_latency_mean_s_reduction_pct"
+SW = "switch_call_latency_mean_s_reduction_pct"
+
+
+def _fmt(cell, scale=1.0, digits=1):
+    if cell is None:
+        return "–"
+    m, se, _ = cell
+    if m is None or (isinstance(m, float) and math.isnan(m)):
+        return "–"
+    return f"{m * scale:.{digits}f} ± {se * scale:.{digits}f}"
+
+
+def observables(study: dict) -> list[str]:
+    rows = ["| workload | pairs × runs | No Shadow hit rate (%) | cold switch call (s) | same-model call (s) | "
+            "switch / same-model | Host Tier LLM-call cut (%) | Eager LLM-call cut (%) | Harvest-SLO+Host "
+            "LLM-call cut (%) |", "|---|---|---|---|---|---|---|---|---|"]
+    spec = study["spec"]
+    for w, pol in study["aggregate"].items():
+        paper = PAPER_OBSERVABLES["ghcp" if w.startswith("ghcp") else "benchmarks"]
+        base = pol["no-shadow"]
+        n_pairs = len(study.get("per_pair", {}).get(w, {})) or 1
+        runs = len(spec["seeds"]) * len(spec["windows"])
+
+        def p(v):
+            return "" if v is None else f" ({v})"
+        rows.append(
+            f"| {w} | {n_pairs} × {runs} | {_fmt(base['hit_rate'], 100)}{p(paper['no_shadow_hit_rate'])} | "
+            f"{_fmt(base['switch_call_latency_mean_s'], digits=2)}{p(paper['cold_switch_s'])} | "
+            f"{_fmt(base['same_model_call_latency_mean_s'], digits=2)} | "
+            f"{_fmt(base['switch_same_ratio'], digits=2)}{p(paper['switch_same_ratio'])} | "
+            f"{_fmt(pol['host-tier'][RED]) if 'host-tier' in pol else 'not run'}{p(paper['host_tier_llm'])} | "
+            f"{_fmt(pol['eager'][RED]) if 'eager' in pol else 'not run'}{p(paper['eager_llm'])} | "
+            f"{_fmt(pol['harvest-slo+host'][RED]) if 'harvest-slo+host' in pol else 'not run'}"
+            f"{p(_paper_value(w, RED, 'harvest-slo+host'))} |")
+    return rows
+
+
+def per_pair(study: dict) -> list[str]:
+    keys = (SW, "switch_call_ttft_mean_s_reduction_pct", RED, "token_cost_reduction_pct")
+    rows = []
+    for w, pairs in study.get("per_pair", {}).items():
+        rows += [f"\n{w}:\n", "| pair | policy | switch-call latency | switch-call TTFT | LLM-call latency | "
+                 "token cost | switch calls / run | cold switch (s) | No Shadow switch hit (%) |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        for pair, agg in pairs.items():
+            for policy, slot in agg.items():
+                if policy in ("no-shadow", "share_of_oracle_gain"):
+                    continue
+                base = agg["no-shadow"]
+                rows.append(f"| {pair} | {policy} | " + " | ".join(_fmt(slot[k]) for k in keys)
+                            + f" | {base['num_switch_calls'][0]:.0f} | {base['switch_call_latency_mean_s'][0]:.2f}"
+                            f" | {100 * base['switch_hit_rate'][0]:.1f} |")
+        for policy, slot in study["aggregate"][w].items():
+            if policy in ("no-shadow", "share_of_oracle_gain"):
+                continue
+            rows.append(f"| **mean over pairs** (± SE over pairs) | {policy} | "
+                        + " | ".join(_fmt(slot[k]) for k in keys) + " | | | |")
+            paper = [_paper_value(w, k, policy) for k in keys]
+            if any(v is not None for v in paper):
+                rows.append(f"| paper, mean over its pairs | {policy} | "
+                            + " | ".join("–" if v is None else f"{v:.1f}" for v in paper) + " | | | |")
+        share = study["aggregate"][w].get("share_of_oracle_gain")
+        if share is not None:
+            rows.append(f"\nHarvest-SLO+Host / Oracle+Host switch-call gain (means over pairs): {share:.2f}")
+    return rows
+
+
+def breakdowns(study: dict) -> list[str]:
+    rows = []
+    for w, cuts in study.get("breakdown", {}).items():
+        for cut, bins in (("by_target", TARGET_BINS), ("by_context", CONTEXT_BINS)):
+            rows += [f"\n{w}, switch-call latency cut (%) {cut.replace('_', ' ')} (n switch calls):\n",
+                     "| policy | " + " | ".join(b for b, _ in bins) + " |", "|---" * (len(bins) + 1) + "|"]
+            for policy, row in cuts[cut].items():
+                if policy == "no-shadow":
+                    continue
+                rows.append(f"| {policy} | " + " | ".join(
+                    f"{row[b][0]:.1f} ({row[b][1]})" if row[b][1] else "–" for b, _ in bins) + " |")
+            paper = PAPER_BREAKDOWN[cut]
+            rows.append("| paper, Harvest-SLO+Host | " + " | ".join(
+                f"{paper[b]}" if b in paper else "–" for b, _ in bins) + " |")
+    return rows
+
+
+def merge(studies: list[dict]) -> dict:
+    """One study of several `demo` outputs of the same protocol: their runs pooled over the policies all of
+    them ran (allowed only where every policy of a run finished all its sessions, so that the
+    common-call summaries do not change), the per-pair aggregates, means over pairs and breakdowns recomputed."""
+    from shadowprefill.sim.study import aggregate_pairs, breakdown
+    policies = [p for p in studies[0]["spec"]["policies"] if all(p in st["spec"]["policies"] for st in studies)]
+    for st in studies:   # summaries are over the calls common to the policies run: unchanged if all finished
+        for _, summaries in st["runs"]:
+            if set(summaries) != set(policies) and any(s["sessions_unfinished"] for s in summaries.values()):
+                raise ValueError("cannot drop policies from a run in which some policy left sessions unfinished")
+    runs = [(config, {p: summaries[p] for p in policies}) for st in studies for config, summaries in st["runs"]]
+    spec = dict(studies[0]["spec"], policies=policies)
+    for st in studies[1:]:
+        for key in ("seeds", "windows", "warmup_s", "session_rate"):
+            if st["spec"][key] != spec[key]:
+                raise ValueError(f"cannot merge studies with different {key}: {spec[key]} vs {st['spec'][key]}")
+        spec["duration_s"] = {**spec["duration_s"], **st["spec"]["duration_s"]}
+    by_pair = aggregate_pairs(runs)
+    return {"spec": spec, "runs": runs, "aggregate": by_pair["means"], "per_pair": by_pair["per_pair"],
+            "breakdown": breakdown(runs), "wall_s": sum(st["wall_s"] for st in studies)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("studies", nargs="+", help="study.json files written by `shadowprefill demo`")
+    p.add_argument("--merge", action="store_true", help="pool the studies' runs into one (same protocol, "
+                                                          "different pairs or workloads)")
+    args = p.parse_args()
+    loaded = [json.loads(Path(path).read_text()) for path in args.studies]
+    named = [("merged", merge(loaded))] if args.merge else list(zip(args.studies, loaded))
+    for path, study in named:
+        s = study["spec"]
+        print(f"\n### {path}: seeds {s['seeds']}, windows {s['windows']}, {s['duration_s']} s after "
+              f"{s['warmup_s']} s, session rate {s['session_rate']}, policies {s['policies']}, "
+              f"wall {study['wall_s'] / 60:.1f} min\n")
+        print("\n".join(observables(study)))
+        print("\n".join(per_pair(study)))
+        print("\n".join(breakdowns(study)))
+
+
+if __name__ == "__main__":
+    main()
