@@ -25,9 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_DIRS = {"build", "dist", "node_modules", "demo_out", "out"}
 # Written on other branches of the same wave; the coordinator deletes this list once they are merged.
-PROVIDED_BY_OTHER_BRANCHES = {"docs/vllm-plugin.md", "docs/gateway.md", "docs/architecture.md",
-                              "docs/kernels.md", "docs/paper-comparison.md"}
-
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+-]*)")
 
 
@@ -201,8 +198,7 @@ def test_links_resolve(path):
         dest = (path.parent / file_part).resolve() if file_part else path
         rel = dest.relative_to(ROOT).as_posix() if dest.is_relative_to(ROOT) else str(dest)
         if not dest.exists():
-            if rel not in PROVIDED_BY_OTHER_BRANCHES:
-                bad.append(f"{path.name}:{line}: {target}: no such file")
+            bad.append(f"{path.name}:{line}: {target}: no such file")
             continue
         if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             bad.append(f"{path.name}:{line}: {target}: no heading with anchor #{anchor} in {rel}")
