@@ -44,7 +44,7 @@ from shadowprefill.shadow.policy import N_MIN
 WARM_STEPS = 8            # measured steps with prefill tokens before chunks grow beyond probes
 GROWTH = 2.0              # a chunk is at most this × the largest prefill step measured so far
 OVERRUN = 1.5             # a shadow-carrying step measured past this × its bound shrinks the next budgets
-RECOVER = 2.0 ** (1 / 16)  # ... and the shrink relaxes by this per measured step (halves every 16 steps)
+RECOVER = 2.0 ** (1 / 16)  # ... and the shrink relaxes by this per measured step with prefill tokens
 MIN_SCALE = 1 / 64
 _UNBOUNDED = 1 << 40      # no growth cap (growth=None): more tokens than any step holds
 
@@ -135,7 +135,7 @@ class IterationPredictor:
     probes of `probe_tokens` (n_min); a non-positive per-token cost also means a probe, never "unbounded";
     a chunk is at most `growth` × the largest prefill step measured so far (None: no such cap); and a
     shadow-carrying step measured past `OVERRUN` × its bound shrinks the next budgets (`budget_scale`,
-    which relaxes back by `RECOVER` per measured step)."""
+    which relaxes back by `RECOVER` per measured step that carried prefill tokens)."""
 
     def __init__(self, latency_model: IterationTimeSource, *, forgetting: float = 0.995, max_context: int = 32768,
                  prior_weight: float = 1.0, refit_every: int = 8, probe_tokens: int = N_MIN,
@@ -222,17 +222,17 @@ class IterationPredictor:
         self._rows.append((inv, features[0] * _SCALE_LIST[1] * inv, features[1] * _SCALE_LIST[2] * inv,
                            features[2] * _SCALE_LIST[3] * inv, features[3] * _SCALE_LIST[4] * inv))
         self.num_observations += 1
-        if features[0] > 0:
-            self.prefill_steps += 1
+        if features[0] > 0:             # only a step with prefill tokens says anything about chunk cost:
+            self.prefill_steps += 1       # decode-only steps between shadows leave the shrink as it is
             self.largest_prefill = max(self.largest_prefill, int(features[0]))
-        self.budget_scale = min(1.0, self.budget_scale * RECOVER)
+            self.budget_scale = min(1.0, self.budget_scale * RECOVER)
         if len(self._rows) >= self.refit_every:
             self.refit()
 
     def feedback(self, bound_s: float, duration: float) -> None:
         """A shadow-carrying step allowed `bound_s` ran `duration`: past OVERRUN × bound_s, the next budgets
         shrink by bound_s / duration (down to MIN_SCALE; the controller multiplies b by `budget_scale`) and
-        t̂ refits at once; the shrink relaxes by RECOVER per measured step."""
+        t̂ refits at once; the shrink relaxes by RECOVER per measured step that carried prefill tokens."""
         if bound_s > 0 and math.isfinite(duration) and duration > OVERRUN * bound_s:
             self.budget_scale = max(MIN_SCALE, self.budget_scale * bound_s / duration)
             self.overruns += 1

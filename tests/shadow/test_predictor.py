@@ -194,8 +194,11 @@ def test_an_overrun_shrinks_the_next_budget_and_relaxes_back():
     assert pred.overruns == 1 and pred.budget_scale == pytest.approx(0.015 / 0.101)
     b = ctl.plan(idle_view()).seconds
     assert b == pytest.approx(0.015 * 0.015 / 0.101)
-    for _ in range(200):                                            # steps within bounds: back to b = βT
+    for _ in range(200):                                  # decode-only steps say nothing of chunk cost
         pred.observe([], [100], lm.iteration_time([], [100]))
+    assert ctl.plan(idle_view()).seconds == pytest.approx(b)
+    for _ in range(200):                                  # prefill steps within bounds: back to b = βT
+        pred.observe([(256, 0)], [100], lm.iteration_time([(256, 0)], [100]))
     assert ctl.plan(idle_view()).seconds == pytest.approx(0.015)
 
 

@@ -132,10 +132,14 @@ def yielded(report, promoted):
     path, start = Path(p["stats"]), time.time()
 
     async def shadow_decodes() -> bool:
-        """The last step the scheduler recorded ran a one-token shadow chunk (a decode) after the start."""
-        lines = path.read_bytes().rstrip().rsplit(b"\n", 1)
-        last = json.loads(lines[-1]) if lines and lines[-1] else {}
-        return last.get("t", 0) > start and last.get("shadow_tokens") == 1 and last.get("prefill_tokens") == 0
+        """Since the start, the scheduler ran this scenario's shadow prompt (a shadow chunk of more than one
+        token) and then a one-token shadow step (a decode): a shadow of an earlier scenario that still
+        decodes when this one starts must not count."""
+        rows = [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+        rows = [r for r in rows if r.get("t", 0) > start]
+        first = next((i for i, r in enumerate(rows) if r.get("shadow_tokens", 0) > 1), None)
+        return first is not None and any(r.get("shadow_tokens") == 1 and r.get("prefill_tokens") == 0
+                                         for r in rows[first + 1:])
     report["plugin"]["yield"] = result = asyncio.run(yield_scenario(p["url"], p["model"], block_size=BS,
                                                                     decoding=shadow_decodes))
     return result
