@@ -140,18 +140,22 @@ class LiveGateway:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                        for t in prompt):
             return list(prompt)
-        key = (session_key, model)
-        text = json.dumps(prompt, sort_keys=True)
+        fields = {"messages": prompt, "add_generation_prompt": True} if kind == "chat" else {"prompt": prompt}
+        return await self._tokenize(model, (session_key, model), prompt, fields)
+
+    async def _tokenize(self, model: str, key, content, fields: dict) -> list[int] | None:
+        """`/tokenize` on a live instance of `model` with the request `fields`, cached under `key` while the
+        content is the same; None when no instance or tokenizer answers."""
+        text = json.dumps(content, sort_keys=True)
         hit = self._tok_cache.get(key)
         if hit is not None and hit[0] == text:
             return hit[1]
         inst = next((i for i in self.instances[model] if i.alive), None)
         if inst is None or self.client is None:
             return None
-        body = {"model": inst.served_model_name}
-        body.update({"messages": prompt, "add_generation_prompt": True} if kind == "chat" else {"prompt": prompt})
         try:
-            r = await self.client.post(inst.url + "/tokenize", json=body, timeout=5.0)
+            r = await self.client.post(inst.url + "/tokenize", json={"model": inst.served_model_name, **fields},
+                                       timeout=5.0)
             ids = r.json().get("tokens") if r.status_code == 200 else None
         except Exception:  # noqa: BLE001 - no tokenizer: the guess answers
             ids = None
@@ -206,25 +210,9 @@ class LiveGateway:
         content = body.get("messages", body.get("prompt"))
         if "messages" not in body:
             return await self.tokens(model, "completion", content, (session_key, "shadow"))
-        key = ((session_key, "shadow"), model)
-        text = json.dumps(content, sort_keys=True)
-        hit = self._tok_cache.get(key)
-        if hit is not None and hit[0] == text:
-            return hit[1]
-        inst = next((i for i in self.instances[model] if i.alive), None)
-        if inst is None or self.client is None:
-            return None
-        req = {"model": inst.served_model_name, "messages": content,
-               **{k: body[k] for k in ("add_generation_prompt", "continue_final_message") if k in body}}
-        try:
-            r = await self.client.post(inst.url + "/tokenize", json=req, timeout=5.0)
-            ids = r.json().get("tokens") if r.status_code == 200 else None
-        except Exception:  # noqa: BLE001 - no tokenizer: the guess answers
-            ids = None
-        if not isinstance(ids, list):
-            return None
-        self._tok_cache[key] = (text, ids)
-        return ids
+        fields = {"messages": content,
+                  **{k: body[k] for k in ("add_generation_prompt", "continue_final_message") if k in body}}
+        return await self._tokenize(model, ((session_key, "shadow"), model), content, fields)
 
     def unavailable(self, inst) -> str:
         """Why `inst` cannot take a shadow now ('' when it can)."""
