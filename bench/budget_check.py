@@ -18,7 +18,7 @@ reads a median of about 0.25 at the peak hour), and for iterations given shadow 
 budget (SLO-slack or idle branch) their executed duration / b: above 1 the controller overspent its slack
 (engine stats `shadow_over_budget`, `shadow_budget_ratio_max`).
 
-The classification wraps `shadow.jobs.take` (as the scheduler's shadow phase, engine/shadow_work.py, calls it)
+The classification wraps `engine.shadow_work.take` (the scheduler's shadow phase calls it to admit shadow chunks)
 and `LLMEngine.schedule_step` for the run (a diagnostic; the
 engine's behaviour is unchanged).
 """

@@ -70,11 +70,6 @@ class ModelExecutor(Executor):
             cached.append(c)
             tables.append(r.block_ids)
             logits.append(r.samples_now)
-        for chunk in batch.shadow_chunks:
-            feeds.append(chunk.new_token_ids)
-            cached.append(chunk.start)
-            tables.append(chunk.block_ids)
-            logits.append(False)
         return ForwardBatch.from_sequences(feeds, cached, tables, self.block_size, logits=logits, device=self.device,
                                            kv_ready=self.reload_waits(batch))
 
@@ -84,8 +79,7 @@ class ModelExecutor(Executor):
         (ReloadBatch) are returned, for the forward to wait on layer l just before layer l's attention; any
         other copy (a spill still reading a page hit meanwhile: a CUDA event) is waited on here, before
         layer 0. The compute stream waits, never the host (on CPU the copies run in order when waited on)."""
-        events = {id(e): e for e in [r.ready_event for r, _ in batch.prefills]
-                  + [c.ready_event for c in batch.shadow_chunks] if e is not None}
+        events = {id(e): e for e in [r.ready_event for r, _ in batch.prefills] if e is not None}
         for r, _ in batch.prefills:
             r.ready_event = None
         layered = []

@@ -138,11 +138,16 @@ class LLMEngine:
         self._stats = EngineStats()
         self.scheduler = Scheduler(config, self.kv, self._stats, controller=self.controller, overlap=self._overlap,
                                    max_len=self.max_position)
-        self.shadow = self.scheduler.shadow        # shadow work: the scheduler's (engine.shadow_work)
-        self.jobs = self.shadow.jobs
+        self.shadow = self.scheduler.shadow        # shadow targets: the scheduler's (engine.shadow_work)
         self._fill_token = self.executor.fill_token   # not None: the executor samples nothing (counted tokens)
         self._in_flight: Iteration | None = None
         self._shadow_retry_at = -math.inf          # shadow work that could not run is retried from then on
+
+    @property
+    def jobs(self):
+        """The shadow class of the scheduler's queue (engine.shadow_work.ShadowQueue: a ShadowRequest per
+        session)."""
+        return self.scheduler.waiting[Priority.SHADOW]
 
     @property
     def tpot_slo(self) -> float:
@@ -311,7 +316,8 @@ class LLMEngine:
         """Tokens still to prefill over waiting and prefilling requests (the queue part of a router's
         prefill-completion estimate)."""
         sched = self.scheduler
-        total = sum(r.num_remaining for q in sched.waiting.values() for r in q)
+        total = sum(r.num_remaining for q in (sched.waiting[Priority.ROUTED], sched.waiting[Priority.NORMAL])
+                    for r in q)
         return total + sum(r.num_remaining for r in sched.running if r.num_remaining > 1)
 
     def cached_prefix_tokens(self, token_ids, tenant: str = "", hashes=None) -> tuple[int, int]:

@@ -7,9 +7,12 @@ paper's vLLM engines do; "routed-first" admits waiting routed calls before norma
 are kept in admission rank order, so when the KV pool runs out the victim is the last of them (recompute
 preemption; the newest first, and under routed-first normal traffic before routed calls). Under
 routed-first a waiting routed call may also preempt running normal requests to get memory; otherwise an
-admission never preempts. Shadow work holds no pages between iterations (its pages are evict-first cache
-entries), so it can never be the reason anyone waits or is preempted (Alg. 1 line 1: the controller adds
-shadow chunks after this, only if nothing waits and no admission was blocked).
+admission never preempts. Shadow work is the queue's lowest class (`waiting[Priority.SHADOW]`, one
+`engine.shadow_work.ShadowRequest` per session whose prompt grows): the last phase of `schedule` admits
+chunks of those requests as prefill entries, only within the controller's budget (Alg. 1 line 1: only if
+nothing waits and no admission was blocked). A shadow request holds pages only while its chunk is in
+flight (after it they are evict-first cache entries), so it can never be the reason anyone waits or is
+preempted.
 
 Reload-ahead (issue 15): once an iteration is built, `prefetch(now, batch)` matches the prefix of the
 waiting requests the next iteration will admit, so that the part of it on the host tier starts its
@@ -24,9 +27,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from shadowprefill.engine import shadow_work
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
+from shadowprefill.engine.shadow_work import ShadowQueue, ShadowWork
 from shadowprefill.kv.manager import PrefixMatch
-from shadowprefill.engine.shadow_work import ShadowWork
 from shadowprefill.shadow.view import IterationView, decode_contexts, prefill_pairs
 
 ADMISSIONS = ("fcfs", "routed-first")
@@ -41,18 +45,19 @@ def _rank_fcfs(r: Request) -> int:
 
 
 class ScheduledBatch:
-    """One iteration's work: decodes, prefill chunks (and, added after the controller's budget, shadow
-    chunks). `samples` lists, in forward-batch order, the requests that sample a token this iteration."""
+    """One iteration's work: decodes and prefill chunks; the last `num_shadow` prefill chunks are shadow
+    requests' (added by the shadow phase, within the controller's budget). `samples` lists, in forward-batch
+    order, the requests that sample a token this iteration. `num_tokens` counts routed/normal tokens."""
 
-    __slots__ = ("now", "decodes", "prefills", "shadow_chunks", "samples", "waiting_nonempty",
+    __slots__ = ("now", "decodes", "prefills", "num_shadow", "samples", "waiting_nonempty",
                  "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens", "ahead_tokens",
                  "prefetched_tokens", "budget_s", "_shape")
 
     def __init__(self, now: float) -> None:
         self.now = now
         self.decodes: list[Request] = []
-        self.prefills: list[tuple[Request, int]] = []    # (request, new tokens this iteration)
-        self.shadow_chunks: list = []                     # shadow.jobs.ShadowChunk
+        self.prefills: list[tuple[Request, int]] = []    # (request, new tokens this iteration), shadow last
+        self.num_shadow = 0                               # shadow requests' chunks at the end of prefills
         self.samples: list[Request] = []
         self.waiting_nonempty = False
         self.admission_blocked = False
@@ -67,40 +72,50 @@ class ScheduledBatch:
 
     @property
     def num_seqs(self) -> int:
-        return len(self.decodes) + len(self.prefills) + len(self.shadow_chunks)
+        return len(self.decodes) + len(self.prefills)
+
+    @property
+    def request_prefills(self) -> list[tuple[Request, int]]:
+        """The routed/normal prefill chunks (B's)."""
+        return self.prefills[:len(self.prefills) - self.num_shadow] if self.num_shadow else self.prefills
+
+    @property
+    def shadow_prefills(self) -> list[tuple[Request, int]]:
+        """The shadow requests' chunks (a new list)."""
+        return self.prefills[len(self.prefills) - self.num_shadow:] if self.num_shadow else []
 
     @property
     def has_requests(self) -> bool:
         """B ≠ ∅ in Algorithm 1: the batch carries routed or normal work."""
-        return bool(self.decodes or self.prefills)
+        return bool(self.decodes) or len(self.prefills) > self.num_shadow
 
     @property
     def is_empty(self) -> bool:
-        return not (self.decodes or self.prefills or self.shadow_chunks)
+        return not (self.decodes or self.prefills)
 
     @property
     def is_decode_only(self) -> bool:
-        return bool(self.decodes) and not self.prefills and not self.shadow_chunks
+        return bool(self.decodes) and not self.prefills
 
     def view(self, free_shadow_tokens) -> IterationView:
-        """The controller's read-only view of the routed/normal part (shadow chunks not yet added)."""
-        return IterationView(self.now, self.decodes, self.prefills, self.has_routed, self.waiting_nonempty,
-                             self.admission_blocked, self.num_tokens, self.num_seqs, free_shadow_tokens)
+        """The controller's read-only view of the routed/normal part (B: shadow chunks left out)."""
+        prefills = self.request_prefills
+        return IterationView(self.now, self.decodes, prefills, self.has_routed, self.waiting_nonempty,
+                             self.admission_blocked, self.num_tokens, len(self.decodes) + len(prefills),
+                             free_shadow_tokens)
 
     def shape(self) -> tuple[list[tuple[int, int]], list[int]]:
         """(prefill chunks as (new tokens, cached before), shadow chunks last; decode contexts): the latency
         model's and the predictor's input, fixed once read (call it before postprocess)."""
         if self._shape is None:
-            prefill = prefill_pairs(self.prefills)
-            if self.shadow_chunks:
-                prefill.extend((c.num_new, c.start) for c in self.shadow_chunks)
-            self._shape = (prefill, decode_contexts(self.decodes))
+            self._shape = (prefill_pairs(self.prefills), decode_contexts(self.decodes))
         return self._shape
 
 
 class Scheduler:
-    """Waiting queue(s), the running set, the KV calls of admission / growth, request lifecycles, and the
-    shadow work (`self.shadow`, engine.shadow_work.ShadowWork; with a `controller`,
+    """Waiting queues by class (routed, normal, shadow: `waiting[Priority.SHADOW]` is the shadow requests'
+    `ShadowQueue`), the running set, the KV calls of admission / growth, request lifecycles, and the shadow
+    targets (`self.shadow`, engine.shadow_work.ShadowWork; with a `controller`,
     shadow.controller.ShadowController, whose budget is the last phase of `schedule`). `overlap`: the
     latency model's `overlapped_time` (host-tier reloads beside compute); `max_len`: the longest request
     (Eager's shadow requests are cut to it). `stats` (engine.stats.EngineStats) is written here only."""
@@ -110,16 +125,17 @@ class Scheduler:
         self.kv = kv
         self.stats = stats                            # engine.stats.EngineStats: every counter
         self.controller = controller
-        self.shadow = None if controller is None else ShadowWork(
-            self, controller, block_size=config.block_size, default_switch_prob=config.default_switch_prob,
-            overlap=overlap, max_len=max_len)
+        self.overlap = overlap
+        shadow_queue = ShadowQueue(config.block_size, config.default_switch_prob)
+        self.shadow = None if controller is None else ShadowWork(self, controller, shadow_queue, max_len=max_len)
         self._runs_jobs = controller is not None and controller.policy.runs_jobs
         self._seq = itertools.count()
         self.block_size = config.block_size
         self.fcfs = config.admission == "fcfs"
         self._rank = _rank_fcfs if self.fcfs else _rank_routed_first
         self.requests: dict[str, Request] = {}       # every unfinished request by id
-        self.waiting: dict[Priority, list[Request]] = {Priority.ROUTED: [], Priority.NORMAL: []}
+        self.waiting: dict = {Priority.ROUTED: [], Priority.NORMAL: [],       # lists, by arrival
+                              Priority.SHADOW: shadow_queue}                  # by switch probability
         self.running: list[Request] = []             # sorted by self._rank
         self.num_preemptions = 0
         self._stamp = 0
@@ -147,7 +163,8 @@ class Scheduler:
         bisect.insort(self._queue(request), request, key=lambda r: r.arrival_seq)
 
     def num_waiting(self) -> int:
-        return sum(len(q) for q in self.waiting.values())
+        """Routed and normal requests waiting (the shadow class not counted)."""
+        return len(self.waiting[Priority.ROUTED]) + len(self.waiting[Priority.NORMAL])
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -173,13 +190,29 @@ class Scheduler:
         self.kv.poll(now)                             # retire completed side-stream copies
         batch = self._schedule_requests(now)
         if self._runs_jobs:
-            self.shadow.phase(batch, now)             # Alg. 1: the controller's budget, spent on shadow jobs
+            self._shadow_phase(batch, now)            # Alg. 1: the controller's budget, spent on shadow requests
         if not batch.is_empty:
             kv = self.kv
             kv.start_reloads()                        # this iteration's layer-wise reloads, then those of
             if self.prefetch(now, batch):             # the next iteration's admissions behind them (issue 15)
                 kv.start_reloads()
         return batch
+
+    def _shadow_phase(self, batch: ScheduledBatch, now: float) -> None:
+        """The last phase: Alg. 1 lines 1-12 (controller.plan) on the routed/normal part of `batch`, then
+        line 15 on the shadow class of the queue: the chunks admitted join the batch as prefill entries."""
+        queue = self.waiting[Priority.SHADOW]
+        has_jobs = len(queue) > 0
+        budget = self.controller.plan(batch.view(lambda limit: self.free_shadow_tokens(limit, now)), has_jobs)
+        if not has_jobs:
+            return
+        admitted = shadow_work.take(queue, budget, self.kv, now, overlap=self.overlap)
+        if admitted:
+            batch.prefills.extend(admitted)
+            batch.num_shadow += len(admitted)
+            batch.reload_tokens += sum(r.chunk_reload_tokens for r, _ in admitted)
+            if budget.branch != "credit":             # b bounds the whole iteration (credit: the added time)
+                batch.budget_s = budget.seconds
 
     def free_shadow_tokens(self, limit: int, now: float) -> int:
         """Line 11: tokens of KV a shadow chunk may take now (free or cold pages in the cap), at most limit."""
@@ -261,7 +294,7 @@ class Scheduler:
             if batch.admission_blocked:
                 break
 
-        batch.waiting_nonempty = any(self.waiting.values())
+        batch.waiting_nonempty = bool(self.waiting[Priority.ROUTED] or self.waiting[Priority.NORMAL])
         if batch.preempted:                      # a preempted decode may have set the flag
             batch.has_routed = any(r.priority is routed for r in decodes)
         samples = batch.samples
@@ -391,8 +424,9 @@ class Scheduler:
             return 0
         # the running requests' tokens next iteration: a decode each, the rest of each prefill (a decode
         # once it samples), at least one for each not scheduled now
-        room = self.config.token_budget - len(self.running) + len(batch.prefills)
-        for r, n in batch.prefills:
+        prefills = batch.request_prefills
+        room = self.config.token_budget - len(self.running) + len(prefills)
+        for r, n in prefills:
             room -= max(r.num_remaining - n, 1)
         seats = self.config.max_seqs - len(self.running)
         for prio in ((Priority.ROUTED,) if self.fcfs else (Priority.ROUTED, Priority.NORMAL)):
@@ -462,8 +496,9 @@ class Scheduler:
         ctl = self.controller
         shape = (batch.shape() if ctl is not None and self.config.refit_predictor and not batch.reload_tokens
                  and not batch.prefetched_tokens else None)
-        outputs = self._apply_tokens(batch, tokens, now)
-        shadow_tokens = self.shadow.complete(batch, now) if batch.shadow_chunks else 0
+        outputs = self._apply_tokens(batch, tokens, now)    # (shadow requests stay WAITING: skipped there)
+        shadow_tokens = (shadow_work.complete(self.waiting[Priority.SHADOW], batch.shadow_prefills, self.kv, now)
+                         if batch.num_shadow else 0)
         if ctl is not None:
             ctl.end_iteration(duration, busy=batch.has_requests, decode_only=batch.is_decode_only)
             if shape is not None:
@@ -472,7 +507,7 @@ class Scheduler:
         st.iterations += 1
         st.busy_time_s += duration
         st.shadow_tokens += shadow_tokens
-        st.shadow_chunks += len(batch.shadow_chunks)
+        st.shadow_chunks += batch.num_shadow
         if not batch.has_requests:
             st.shadow_only_iterations += 1
         if batch.budget_s > 0.0:                       # did the iteration stay within b (line 10)?

@@ -18,13 +18,16 @@ def rand_tokens(rng, n):
     return [rng.randrange(VOCAB) for _ in range(n)]
 
 
-def record_batches(engine):
-    """Wrap the executor to record (decodes, prefill chunks, shadow chunks) of every iteration."""
+def record_batches(engine, kinds=None):
+    """Wrap the executor to record (decodes, routed/normal prefill chunks, shadow chunks) of every iteration;
+    `kinds`: a list to which each prefill entry's (request type, priority) is added."""
     seen = []
     execute = engine.executor.execute
 
     def wrapped(batch):
-        seen.append((len(batch.decodes), len(batch.prefills), len(batch.shadow_chunks)))
+        seen.append((len(batch.decodes), len(batch.prefills) - batch.num_shadow, batch.num_shadow))
+        if kinds is not None:
+            kinds.extend((type(r).__name__, r.priority.name) for r, _ in batch.prefills)
         return execute(batch)
 
     engine.executor.execute = wrapped
@@ -146,7 +149,8 @@ def test_shadow_on_idle_engine_serves_switch_call(tiny_model, mode):
     cfg = dict(num_blocks=64, token_budget=32, n_min=16, idle_cap_s=10.0)
     engine = LLMEngine(tiny_model, EngineConfig(shadow_mode=mode, **cfg))
     engine.predictor.warm_steps, engine.predictor.growth = 0, None    # t̂ trusted: no n_min probes first
-    seen = record_batches(engine)
+    kinds = []
+    seen = record_batches(engine, kinds)
     history = rand_tokens(rng, 100)
     engine.add_shadow("s", history, switch_prob=0.9)
     assert engine.has_work()
@@ -154,6 +158,7 @@ def test_shadow_on_idle_engine_serves_switch_call(tiny_model, mode):
     assert engine.stats.shadow_tokens == 96                    # whole pages only
     assert all(d == 0 and p == 0 and s == 1 for d, p, s in seen)   # shadow-only iterations, no tokens
     assert len(seen) == 3                                       # 32-token chunks (token budget)
+    assert kinds == [("ShadowRequest", "SHADOW")] * 3           # prefill entries of the shadow request
     # The session's history grows (routed call elsewhere): only the delta is prefilled.
     history2 = history + rand_tokens(rng, 40)
     engine.add_shadow("s", history2)
@@ -196,13 +201,16 @@ def test_shadow_rewritten_history_keeps_common_prefix(tiny_model):
 def test_eager_mode_runs_shadow_as_normal_requests(tiny_model):
     rng = random.Random(8)
     engine = LLMEngine(tiny_model, EngineConfig(num_blocks=64, token_budget=32, shadow_mode="eager"))
-    seen = record_batches(engine)
+    kinds = []
+    seen = record_batches(engine, kinds)
     history = rand_tokens(rng, 50)
     engine.add_shadow("s", history)
+    assert len(engine.jobs) == 0 and engine.scheduler.num_waiting() == 1
     outs = run_to_completion(engine)
     assert outs == {}                                           # shadow requests emit nothing
     assert engine.stats.eager_shadow_tokens == 50
     assert all(s == 0 for _, _, s in seen)                      # no controller chunks in Eager
+    assert set(kinds) == {("ShadowRequest", "NORMAL")}          # the same request type, normal priority
     prompt = history + rand_tokens(rng, 5)
     engine.add_request("switch", prompt, 4, priority="routed", session_id="s")
     out = run_to_completion(engine)["switch"]

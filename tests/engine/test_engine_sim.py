@@ -132,7 +132,7 @@ def test_shadow_iterations_stay_within_budget_under_load():
         if it is None:
             break
         b = it.batch
-        if b.shadow_chunks:
+        if b.num_shadow:
             branch, budget = e.controller.last_branch, e.controller.last_budget
             branches.add(branch)
             filled += branch != "credit"
@@ -338,7 +338,7 @@ def test_eager_shadow_competes_as_normal_traffic():
     it = e.schedule_step()
     # the shadow request arrived first and takes the whole token budget: the normal request waits
     assert [(r.request_id.startswith("__shadow__"), n) for r, n in it.batch.prefills] == [(True, 2048)]
-    assert it.batch.waiting_nonempty and it.batch.shadow_chunks == []
+    assert it.batch.waiting_nonempty and it.batch.num_shadow == 0
     e.clock.advance(it.duration)
     e.complete_step(it)
     while e.has_work():

@@ -158,7 +158,7 @@ def test_normal_admission_never_preempts_and_blocks_shadow():
     e.add_request("b", toks(30, 2), 5)
     e.add_shadow("s", toks(500, 3))
     b = one_step(e)
-    assert b.admission_blocked and not b.preempted and b.shadow_chunks == []
+    assert b.admission_blocked and not b.preempted and b.num_shadow == 0
     assert e.controller.last_branch == "blocked"
 
 

@@ -215,16 +215,16 @@ def test_retarget_keeps_the_shared_pages_and_rehashes_the_rest():
     old = [7] * (3 * BS) + [1] * BS
     chain = PageHashes(old, BS, salt_root("m"))
     chain.extend_to(10)
-    new = old[:3 * BS] + [2] * (2 * BS)               # a rewrite keeping 3 pages (as ShadowJob.update does)
+    new = old[:3 * BS] + [2] * (2 * BS)               # a rewrite keeping 3 pages (as ShadowRequest.update does)
     chain.retarget(new, 3)
     assert len(chain) == 3 and chain.tokens is new
     assert chain.extend_to(10) == 5 and chain.hashes == reference_hashes(new, "m")
 
 
 def test_shadow_job_rewrite_retargets_its_chain(kv_backend):
-    from shadowprefill.shadow.jobs import ShadowJobQueue
+    from shadowprefill.engine.shadow_work import ShadowQueue
     pool = KVCacheManager(16, BS)
-    jobs = ShadowJobQueue(BS)
+    jobs = ShadowQueue(BS)
     job = jobs.upsert("s", list(range(4 * BS)), now=0)
     job.page_hashes = pool.hash_chain(job.token_ids)
     job.page_hashes.extend_to(10)

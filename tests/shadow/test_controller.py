@@ -6,15 +6,16 @@ The controller reads only an `IterationView`; `Harness` puts the controller in a
 engine's own shadow phase (`Scheduler.schedule`'s last phase: plan, then spend_budget on the engine's jobs) and
 postprocess on hand-built batches, so the tests check the engine's wiring too."""
 import math
+from typing import NamedTuple
 
 import pytest
 
 from shadowprefill.engine import LLMEngine, SimulatedExecutor
 from shadowprefill.engine.config import EngineConfig
-from shadowprefill.engine.request import Priority, Request
+from shadowprefill.engine.request import Priority, Request, RequestStatus
 from shadowprefill.engine.scheduler import ScheduledBatch
 from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
-from shadowprefill.shadow.jobs import ShadowJobQueue
+from shadowprefill.engine.shadow_work import ShadowQueue
 from shadowprefill.shadow.predictor import IterationPredictor
 
 BS = 16
@@ -36,6 +37,15 @@ def t_hat(prefill, decode_contexts):
     return LinearLatency().iteration_time(prefill, decode_contexts)
 
 
+class Chunk(NamedTuple):
+    """A shadow prefill entry of a batch, as the tests read it (read when the phase admitted it)."""
+    job: object          # the shadow Request
+    start: int           # its cached context
+    num_new: int
+    block_ids: list
+    host_tokens: int
+
+
 class Harness:
     """The controller inside a real engine (`LLMEngine` over a `SimulatedExecutor` of the test's latency): `plan`
     runs the scheduler's shadow phase (controller.plan, then spend_budget on the engine's shadow jobs) on a
@@ -48,14 +58,14 @@ class Harness:
 
     def __getattr__(self, name):          # credit, delta, cap, branch_counts, tpot_slo ...
         if name == "jobs":
-            return self.engine.scheduler.shadow.jobs
+            return self.engine.scheduler.waiting[Priority.SHADOW]
         return getattr(self.ctl, name)
 
     def __setattr__(self, name, value):
         if name == "credit":
             self.ctl.credit = value
         elif name == "jobs":
-            self.engine.scheduler.shadow.jobs = value
+            self.engine.scheduler.waiting[Priority.SHADOW] = self.engine.scheduler.shadow.jobs = value
         else:
             object.__setattr__(self, name, value)
 
@@ -71,13 +81,19 @@ class Harness:
 
     def plan(self, b, now):
         assert now == b.now
-        self.engine.scheduler.shadow.phase(b, now)
-        return b.shadow_chunks
+        self.engine.scheduler._shadow_phase(b, now)
+        entries = b.shadow_prefills
+        assert all(r.priority is Priority.SHADOW and r.status is RequestStatus.WAITING for r, _ in entries)
+        assert b.prefills[len(b.prefills) - len(entries):] == entries     # prefill entries, placed last
+        return [Chunk(r, r.num_computed_tokens, n, list(r.block_ids), r.chunk_reload_tokens) for r, n in entries]
 
     def complete(self, chunks, now):
         b = ScheduledBatch(now)
-        b.shadow_chunks = chunks
-        return self.engine.scheduler.shadow.complete(b, now)
+        b.prefills = [(c.job, c.num_new) for c in chunks]
+        b.num_shadow = len(chunks)
+        before = self.engine.stats.shadow_tokens
+        self.engine.scheduler.postprocess(b, None, now)
+        return self.engine.stats.shadow_tokens - before
 
     def free_shadow_blocks(self, now):
         return self.kv.free_blocks(now=now, shadow=True)
@@ -242,7 +258,7 @@ def test_credit_is_capped_by_the_slack_of_the_batch():
     assert ctl.credit == pytest.approx(0.010 - W[1] * want - W[2] * want * want)
 
     # a normal request already past its Eq. 1 line blocks the credit (σ = 0.495 - 0.5 < 0)
-    jobs2 = ShadowJobQueue(BS)
+    jobs2 = ShadowQueue(BS)
     jobs2.upsert("s2", tokens(4096, salt=1), now=0.0)
     ctl.jobs = jobs2
     ctl.credit = 0.010

@@ -1,0 +1,169 @@
+"""Shadow jobs as requests (engine/shadow_work.py): a session's ShadowRequest keeps incremental progress, its
+prompt grows by appends, a superseding history keeps the whole pages of the longest common prefix; the
+shadow class of the queue orders them by switch probability and defers those below n_min; input
+validation; chunks admitted and completed through the request-shaped KV calls."""
+import random
+
+import pytest
+
+from shadowprefill.engine.request import Priority
+from shadowprefill.engine.shadow_work import ShadowQueue, ShadowRequest
+
+BS = 16
+
+
+def naive_lcp(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_append_keeps_progress():
+    q = ShadowQueue(BS)
+    job = q.upsert("s", list(range(100)), now=0.0)
+    assert isinstance(job, ShadowRequest) and job.priority is Priority.SHADOW and job.prefill_only
+    assert job.num_prompt_tokens == job.num_tokens == 100 and job.max_tokens == 0
+    assert job.shadowable_tokens(BS) == 96 and job.pending_tokens(BS) == 96
+    job.num_cached = 64
+    q.upsert("s", list(range(150)), now=1.0)                # the new call's input: an extension
+    assert job.num_cached == 64 and job.pending_tokens(BS) == 144 - 64 and job.version == 0
+    q.extend("s", [7] * 30, now=2.0)                         # streamed output tokens
+    assert len(job.token_ids) == 180 and job.pending_tokens(BS) == 176 - 64
+    assert job.num_prompt_tokens == job.num_tokens == 180 and job.all_token_ids[150:] == [7] * 30   # the prompt grew
+    assert job.updated_at == 2.0
+
+
+def test_rewrite_keeps_whole_pages_of_common_prefix():
+    q = ShadowQueue(BS)
+    old = list(range(200))
+    job = q.upsert("s", old, now=0.0)
+    job.num_cached = 192
+    new = old[:70] + [999] * 50                              # LCP 70 -> 64 cached tokens survive
+    q.upsert("s", new, now=1.0)
+    assert job.token_ids == new
+    assert job.num_cached == 64 and job.version == 1
+    assert job.pending_tokens(BS) == 112 - 64
+    job.num_cached = 16                                      # a rewrite never raises the belief
+    q.upsert("s", new[:50] + [5] * 60, now=2.0)
+    assert job.num_cached == 16 and job.version == 2
+
+
+def test_order_by_switch_probability_then_age():
+    q = ShadowQueue(BS, default_switch_prob=0.5)
+    for sid, p in [("a", 0.3), ("b", None), ("c", 0.9), ("d", 0.5)]:
+        q.upsert(sid, [1] * 64, now=0.0, switch_prob=p)
+    assert [j.session_id for j in q.ordered()] == ["c", "b", "d", "a"]
+    q.set_switch_prob("a", 1.0)
+    assert [j.session_id for j in q.ordered()] == ["a", "c", "b", "d"]
+    q.remove("c")
+    assert [j.session_id for j in q.ordered()] == ["a", "b", "d"]
+    assert [j.session_id for j in q.runnable(0)] == ["a", "b", "d"]
+
+
+def test_runnable_defers_jobs_below_n_min():
+    q = ShadowQueue(BS)
+    q.upsert("small", [1] * 200, now=0.0, switch_prob=0.9)   # 192 pending
+    q.upsert("big", [2] * 300, now=0.0, switch_prob=0.1)     # 288 pending
+    assert [j.session_id for j in q.runnable(256)] == ["big"]
+    assert [j.session_id for j in q.runnable(16)] == ["small", "big"]
+    q.get("big").num_cached = 288
+    assert not q.has_runnable(256)
+    assert q.pending_tokens() == 192
+
+
+def test_random_histories_never_overstate_cache():
+    rng = random.Random(0)
+    q = ShadowQueue(BS)
+    hist = [rng.randrange(4) for _ in range(64)]
+    job = q.upsert("s", hist, now=0.0)
+    for step in range(200):
+        job.num_cached = job.shadowable_tokens(BS)           # pretend everything got computed
+        if rng.random() < 0.5:
+            hist = hist + [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        else:
+            cut = rng.randrange(len(hist) + 1)
+            hist = hist[:cut] + [rng.randrange(4) for _ in range(rng.randrange(0, 40))]
+        before = list(job.token_ids)
+        cached_before = job.num_cached
+        q.upsert("s", hist, now=float(step))
+        lcp = naive_lcp(before, hist)
+        assert job.num_cached == min(cached_before, lcp // BS * BS)   # whole pages of the common prefix
+        assert job.token_ids[:job.num_cached] == before[:job.num_cached]
+
+
+def test_validation():
+    q = ShadowQueue(BS)
+    with pytest.raises(TypeError, match="session_id"):
+        q.upsert("", [1], now=0.0)
+    with pytest.raises(ValueError, match="token_ids"):
+        q.upsert("s", [1, -2], now=0.0)
+    with pytest.raises(TypeError, match="token_ids"):
+        q.upsert("s", "abc", now=0.0)
+    with pytest.raises(ValueError, match="switch_prob"):
+        q.upsert("s", [1], now=0.0, switch_prob=1.5)
+    with pytest.raises(ValueError, match="block_size"):
+        ShadowQueue(0)
+    q.upsert("s", [1], now=0.0, tenant="t1")
+    with pytest.raises(ValueError, match="tenant"):
+        q.upsert("s", [1, 2], now=0.0, tenant="t2")
+    with pytest.raises(KeyError):
+        q.extend("missing", [1], now=0.0)
+
+
+class StubBudget:
+    """A token budget of `tokens` per iteration (the parts of controller.ShadowBudget that `take` reads)."""
+
+    def __init__(self, tokens, n_min=BS):
+        self.left, self.n_min = tokens, n_min
+
+    @property
+    def open(self):
+        return self.left >= self.n_min
+
+    def room(self):
+        return self.left
+
+    def fits(self, context, extra_s=0.0, reload=None):
+        return self.left
+
+    def read_kv_room(self, block_size):
+        return self.left
+
+    def take(self, tokens, context, extra_s=0.0, reload=None):
+        self.left -= tokens
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_chunks_reuse_the_jobs_known_prefix_pages(backend):
+    """take/complete keep the job's cached prefix (chain + pages) between chunks: each chunk's pages are the
+    job's remembered pages plus new ones, exactly what a fresh lookup finds, also after an eviction."""
+    from shadowprefill.kv.manager import KVCacheManager
+    from shadowprefill.engine.shadow_work import complete, take
+    kv = KVCacheManager(64, BS, backend=backend)
+    rng = random.Random(5)
+    history = [rng.randrange(1000) for _ in range(40 * BS)]
+    pre = kv.allocate(8, now=0.0)
+    kv.commit(pre, history, now=0.0)
+    kv.free(pre, now=0.0)
+    jobs = ShadowQueue(BS)
+    job = jobs.upsert("s", history, now=0.0)
+    now = 1.0
+    for round_ in range(4):
+        if round_ == 2:
+            evicting = kv.allocate(kv.num_free_blocks + 2, now=now)     # evicts two of the job's shadow pages
+            assert kv.stats.shadow_evictions == 2
+            kv.free(evicting, now=now)
+        chunks = take(jobs, StubBudget(4 * BS), kv, now)
+        assert len(chunks) == 1
+        r, n = chunks[0]                                                 # a prefill entry of the request
+        start, block_ids = r.num_computed_tokens, list(r.block_ids)
+        assert r is job and n == 4 * BS and kv.block_table(r) == block_ids and len(block_ids) * BS == start + n
+        assert start == (8 + 4 * round_ - (2 if round_ >= 2 else 0)) * BS
+        fresh = kv.match_prefix(history, now=now, tenant="", shadow=True, max_tokens=start)   # no chain
+        assert fresh.block_ids == block_ids[:start // BS] and fresh.num_tokens == start
+        kv.free(fresh.block_ids, now=now)
+        assert complete(jobs, chunks, kv, now) == 4 * BS
+        assert kv.block_table(r) == [] and r.block_ids == []            # pages held only while in flight
+        assert job.page_hashes.pages == block_ids and len(job.page_hashes.pages) * BS == job.num_cached
+        now += 1.0
