@@ -12,7 +12,7 @@ prefix. For an append-only session that is the call's prompt followed by its res
 A session whose prompts stopped extending the previous prompt + response (a compacted or rewritten
 history) is non-append-only: the next prompt's overlap with this call is at most this call's prompt, so
 the shadow is the prompt alone (the longest common prefix, capped at the completed prompt). The server
-side keeps whatever prefix of an older shadow still matches (`ShadowJob.update`; vLLM's prefix cache).
+side keeps whatever prefix of an older shadow still matches (`ShadowRequest.update`; vLLM's prefix cache).
 
 Prefix beliefs (`comparable`): the manager does not tokenize, so to estimate how much of a prompt an
 upstream caches it compares the prompt with what that upstream was last given for the session, as token

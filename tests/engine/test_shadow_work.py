@@ -167,3 +167,96 @@ def test_chunks_reuse_the_jobs_known_prefix_pages(backend):
         assert kv.block_table(r) == [] and r.block_ids == []            # pages held only while in flight
         assert job.page_hashes.pages == block_ids and len(job.page_hashes.pages) * BS == job.num_cached
         now += 1.0
+
+
+# ---- the scheduler's shadow phase on an engine (virtual clock): chunks in flight meet newer histories ----
+
+class _Linear:
+    def iteration_time(self, prefill, decode_contexts):
+        return 1e-3 + 2e-5 * sum(n for n, _ in prefill) + 1e-4 * len(decode_contexts)
+
+
+def _engine(token_budget=64):
+    from shadowprefill.engine.config import EngineConfig
+    from shadowprefill.engine.executor import SimulatedExecutor
+    from shadowprefill.engine.llm_engine import LLMEngine
+    e = LLMEngine(SimulatedExecutor(_Linear()), EngineConfig(block_size=BS, num_blocks=128, token_budget=token_budget,
+                                                             n_min=BS, idle_cap_s=1.0, shadow_mode="harvest-slo"))
+    e.predictor.warm_steps, e.predictor.growth = 0, None     # t̂ trusted as seeded: no n_min probes
+    return e
+
+
+def _rand(rng, n):
+    return [rng.randrange(1000) for _ in range(n)]
+
+
+def _in_flight(e):
+    it = e.schedule_step()
+    assert it is not None and it.batch.num_shadow == 1 and not it.batch.has_requests
+    (r, n), = it.batch.shadow_prefills
+    assert it.batch.prefills[-1] == (r, n) and r.status.value == "waiting" and e.kv.block_table(r) == r.block_ids
+    return it, r, n
+
+
+def _finish(e, it):
+    e.clock.advance(it.duration)
+    e.complete_step(it)
+
+
+def _peek(e, tokens):
+    dev, host = e.cached_prefix_tokens(tokens)
+    return dev + host
+
+
+def test_rewrite_while_a_chunk_is_in_flight_registers_what_it_computed():
+    rng = random.Random(11)
+    e = _engine()
+    a = _rand(rng, 160)
+    e.add_shadow("s", a)
+    it, r, n = _in_flight(e)
+    assert (r.num_computed_tokens, n) == (0, 64) and r.all_token_ids == a
+    b = a[:40] + _rand(rng, 120)                       # LCP 40: two whole pages survive
+    e.add_shadow("s", b)
+    assert e.jobs.get("s") is r and r.version == 1 and r.token_ids == b and r.num_prompt_tokens == 160
+    _finish(e, it)
+    assert _peek(e, a) == 64                            # the chunk's pages hold a's tokens, registered as a's
+    assert _peek(e, b) == 32 and r.num_cached == 0      # the belief is not advanced by the old history's chunk
+    it, r2, n = _in_flight(e)
+    assert r2 is r and r.num_computed_tokens == 32 and r.all_token_ids == b   # the lookup finds the LCP pages
+    _finish(e, it)
+    while e.has_work():
+        e.step()
+    assert _peek(e, b) == 160 and r.num_cached == 160 and e.shadow_pending_tokens("s") == 0
+    assert e.stats.shadow_tokens == 64 + (160 - 32)
+
+
+def test_extend_while_a_chunk_is_in_flight_keeps_progress():
+    rng = random.Random(12)
+    e = _engine()
+    a = _rand(rng, 100)
+    e.add_shadow("s", a)
+    it, r, n = _in_flight(e)
+    more = _rand(rng, 60)
+    e.extend_shadow("s", more)                         # routed output streams in meanwhile: the prompt grows
+    assert r.num_prompt_tokens == r.num_tokens == 160 and r.version == 0
+    _finish(e, it)
+    assert r.num_cached == 64 and _peek(e, a + more) == 64
+    it, r2, n = _in_flight(e)
+    assert r2 is r and (r.num_computed_tokens, n) == (64, 64)
+    _finish(e, it)
+    while e.has_work():
+        e.step()
+    assert _peek(e, a + more) == 160 and e.stats.shadow_tokens == 160
+
+
+def test_cancel_while_a_chunk_is_in_flight_keeps_its_pages_cached():
+    rng = random.Random(13)
+    e = _engine()
+    a = _rand(rng, 200)
+    e.add_shadow("s", a)
+    it, r, n = _in_flight(e)
+    e.cancel_shadow("s")
+    assert "s" not in e.jobs
+    _finish(e, it)
+    assert _peek(e, a) == n == 64 and e.kv.block_table(r) == [] and not e.has_work()
+    assert e.kv.num_shadow_blocks == 4                 # cached, shadow class, evict-first
