@@ -1,8 +1,10 @@
 """Requests and their per-step outputs.
 
-A `Request` is one LLM call on one engine: a prompt, a generation limit, a priority class and the SLOs
-the shadow controller reads (paper §3.2: arrival time, first-token time, iteration count; it satisfies
-`shadow.view.RequestState`). Priorities
+A `Request` is one LLM call on one engine: a prompt, a generation limit, a priority class and the state
+the scheduler keeps for it. What is not the scheduler's is split off by owner: its SLO accounting
+(`SLOAccounting`, `Request.slo`: the SLOs and the times the shadow controller reads, paper §3.2, and what
+its admission found cached) and its simulation replay data (`OutputReplay`, `Request.replay`). The
+Request reads the SLO fields through to `slo`, so it satisfies `shadow.view.RequestState`. Priorities
 order every decision of the scheduler: routed calls (the agent's own calls) before normal traffic before
 shadow work (DESIGN.md §1, §5).
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 
 
 class Priority(enum.IntEnum):
@@ -53,10 +56,40 @@ class OutputReplay:
         self.fill_token = fill_token
 
 
+class SLOAccounting:
+    """A request's SLO accounting, kept apart from its scheduling state: the SLOs F_r (`ttft_slo`) and T_r
+    (`tpot_slo`, seconds), arrival a_r, first-token time f_r (None before it), k_r (`num_decode_iters`:
+    iterations completed since the first token, Eq. 1), the finish time, and the prompt tokens its first
+    admission found cached (device or host) and of them on the host tier."""
+
+    __slots__ = ("arrival_time", "ttft_slo", "tpot_slo", "first_token_time", "num_decode_iters", "finish_time",
+                 "num_cached_tokens", "num_host_cached_tokens")
+
+    def __init__(self, arrival_time: float, ttft_slo: float = math.inf, tpot_slo: float = math.inf) -> None:
+        self.arrival_time = arrival_time
+        self.ttft_slo = ttft_slo
+        self.tpot_slo = tpot_slo
+        self.first_token_time: float | None = None   # f_r
+        self.num_decode_iters = 0                    # k_r
+        self.finish_time: float | None = None
+        self.num_cached_tokens = 0                   # prompt tokens served from cache at first admission
+        self.num_host_cached_tokens = 0              # ... of which came from the host tier
+
+
+def _slo_field(name: str, doc: str) -> property:
+    """Request.<name>: read through to (and written to) request.slo.<name>."""
+    get = operator.attrgetter(f"slo.{name}")
+
+    def set_(self, value) -> None:
+        setattr(self.slo, name, value)
+    return property(get, set_, doc=doc)
+
+
 class Request:
     """One call: prompt, limits, SLOs and the state the scheduler and controller keep for it.
 
-    `ttft_slo` / `tpot_slo` are in seconds (`F_r`, `T_r` of the paper). `prefill_only` requests compute
+    `ttft_slo` / `tpot_slo` are in seconds (`F_r`, `T_r` of the paper); they and the other SLO accounting
+    fields live in `slo` (an `SLOAccounting`) and read through from here. `prefill_only` requests compute
     the prompt's K/V and finish without sampling (the Eager baseline's shadow requests).
     `replay_token_ids` / `fill_token`: its simulation replay data (held in an `OutputReplay`, `replay`): the
     output the request produces, one token per step, instead of what the executor samples (a simulator
@@ -72,12 +105,20 @@ class Request:
 
     __slots__ = (
         "request_id", "_token_ids", "num_prompt_tokens", "num_tokens", "max_tokens", "priority", "session_id",
-        "tenant", "ttft_slo", "tpot_slo", "arrival_time", "arrival_seq", "prefill_only", "internal", "stream",
-        "status", "num_computed_tokens", "block_ids", "num_committed_blocks", "num_cached_tokens",
-        "num_host_cached_tokens", "first_token_time", "finish_time", "num_decode_iters", "num_preemptions",
-        "ready_event", "finish_reason", "admitted", "sched_stamp", "samples_now", "replay",
-        "check_at", "prefetch",
+        "tenant", "arrival_seq", "prefill_only", "internal", "stream", "status", "num_computed_tokens",
+        "block_ids", "num_committed_blocks", "num_preemptions", "ready_event", "finish_reason", "admitted",
+        "sched_stamp", "samples_now", "check_at", "prefetch", "slo", "replay",
     )
+
+    # the SLO accounting, read through to `slo` (shadow.view.RequestState reads these)
+    arrival_time = _slo_field("arrival_time", "a_r (seconds, the engine's clock).")
+    ttft_slo = _slo_field("ttft_slo", "F_r (seconds).")
+    tpot_slo = _slo_field("tpot_slo", "T_r (seconds).")
+    first_token_time = _slo_field("first_token_time", "f_r; None before the first token.")
+    num_decode_iters = _slo_field("num_decode_iters", "k_r: iterations completed since the first token (Eq. 1).")
+    finish_time = _slo_field("finish_time", "When it finished; None before.")
+    num_cached_tokens = _slo_field("num_cached_tokens", "Prompt tokens served from cache at first admission.")
+    num_host_cached_tokens = _slo_field("num_host_cached_tokens", "... of which came from the host tier.")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int, priority: Priority,
                  arrival_time: float, arrival_seq: int, *, session_id: str | None = None, tenant: str = "",
@@ -94,9 +135,7 @@ class Request:
         self.priority = priority
         self.session_id = session_id
         self.tenant = tenant
-        self.ttft_slo = ttft_slo
-        self.tpot_slo = tpot_slo
-        self.arrival_time = arrival_time
+        self.slo = SLOAccounting(arrival_time, ttft_slo, tpot_slo)   # SLO accounting (read through)
         self.arrival_seq = arrival_seq
         self.prefill_only = prefill_only
         self.internal = internal            # engine-made (Eager shadow): produces no RequestOutput
@@ -105,12 +144,7 @@ class Request:
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         self.num_committed_blocks = 0       # leading pages already registered in the prefix cache
-        self.num_cached_tokens = 0          # prompt tokens served from cache at first admission
-        self.num_host_cached_tokens = 0     # ... of which came from the host tier
         self.admitted = False
-        self.first_token_time: float | None = None   # f_r
-        self.finish_time: float | None = None
-        self.num_decode_iters = 0           # k_r: iterations completed since the first token (Eq. 1)
         self.num_preemptions = 0
         self.ready_event = None             # host-tier reload the next forward must wait on
         self.prefetch = None                # waiting: its prefix reloaded ahead (a PrefixMatch), or False: tried

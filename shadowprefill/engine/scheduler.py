@@ -345,21 +345,22 @@ class Scheduler:
         batch.reload_tokens += reload
         if not r.admitted:
             r.admitted = True
-            r.num_cached_tokens = min(cached, r.num_prompt_tokens)
-            r.num_host_cached_tokens = min(match.host_tokens, r.num_cached_tokens)
+            slo = r.slo                                             # its SLO accounting: what admission found
+            slo.num_cached_tokens = min(cached, r.num_prompt_tokens)
+            slo.num_host_cached_tokens = min(match.host_tokens, slo.num_cached_tokens)
         if not (r.internal or r.num_preemptions):
             self._count_admission(r, match)
         return n
 
     def _count_admission(self, r: Request, match) -> None:
-        st = self.stats
+        st, slo = self.stats, r.slo
         st.prompt_tokens += r.num_prompt_tokens
-        st.cached_prompt_tokens += r.num_cached_tokens
-        st.host_cached_prompt_tokens += r.num_host_cached_tokens
+        st.cached_prompt_tokens += slo.num_cached_tokens
+        st.host_cached_prompt_tokens += slo.num_host_cached_tokens
         if r.priority is Priority.ROUTED:
             st.routed_prompt_tokens += r.num_prompt_tokens
-            st.routed_cached_prompt_tokens += r.num_cached_tokens
-            st.routed_shadow_hit_tokens += min(match.shadow_tokens, r.num_cached_tokens)
+            st.routed_cached_prompt_tokens += slo.num_cached_tokens
+            st.routed_shadow_hit_tokens += min(match.shadow_tokens, slo.num_cached_tokens)
 
     def _last_normal_running(self) -> Request | None:
         last = self.running[-1] if self.running else None
@@ -602,7 +603,7 @@ class Scheduler:
     def _finish(self, r: Request, now: float, reason: str) -> None:
         self._free(r, now)
         r.status = RequestStatus.FINISHED
-        r.finish_time = now
+        r.slo.finish_time = now
         r.finish_reason = reason
         self.requests.pop(r.request_id, None)
         if not r.internal:
