@@ -3,8 +3,9 @@
 One iteration, in the shape nano-vllm made familiar (DESIGN.md §5), three calls:
 
     batch   = scheduler.schedule(now)          # decodes, prefill chunks, admissions; last, the shadow phase:
-                                               # controller.plan (Alg. 1 lines 1-12) spent on the shadow jobs
-                                               # (line 15, shadow/spend.py); then the host-tier reloads
+                                               # controller.plan (Alg. 1 lines 1-12) spent on the shadow
+                                               # requests, the queue's lowest class (line 15, shadow/spend.py):
+                                               # their chunks join as prefill entries; then host-tier reloads
     result  = executor.execute(batch)          # a real forward, or a latency model's duration
     outputs = scheduler.postprocess(batch, result.tokens, now, result.duration)
                                                # tokens, finishes, prefix-cache registration, shadow pages,
@@ -221,7 +222,8 @@ class LLMEngine:
     def add_shadow(self, session_id: str, token_ids, switch_prob: float | None = None, tenant: str = "") -> None:
         """Make `token_ids` (the session's history) the shadow target of this engine (§3.1): an extension
         keeps progress, a rewrite keeps the longest common prefix. What happens is the controller policy's:
-        shadow jobs (Harvest, Harvest-SLO), a normal-priority prefill request (Eager), or nothing (none;
+        a shadow request in the queue's lowest class whose prompt grows (Harvest, Harvest-SLO), the same
+        request at normal priority (Eager), or nothing (none;
         logged once). See engine.shadow_work."""
         if not isinstance(session_id, str) or not session_id:
             raise TypeError(f"session_id must be a non-empty str, got {session_id!r}")

@@ -1,10 +1,11 @@
 """Requests and their per-step outputs.
 
 A `Request` is one LLM call on one engine: a prompt, a generation limit, a priority class and the state
-the scheduler keeps for it. What is not the scheduler's is split off by owner: its SLO accounting
-(`SLOAccounting`, `Request.slo`: the SLOs and the times the shadow controller reads, paper §3.2, and what
-its admission found cached) and its simulation replay data (`OutputReplay`, `Request.replay`). The
-Request reads the SLO fields through to `slo`, so it satisfies `shadow.view.RequestState`. Priorities
+the scheduler keeps for it, with the inputs the shadow controller reads every iteration (paper §3.2: the
+SLOs F_r / T_r, arrival a_r, first-token time f_r, iteration count k_r; it satisfies
+`shadow.view.RequestState`). What neither of them reads is split off by owner: the SLO accounting of its
+outcome (`SLOAccounting`, `Request.slo`: finish time and reason, the prompt tokens its admission found
+cached) and its simulation replay data (`OutputReplay`, `Request.replay`). Priorities
 order every decision of the scheduler: routed calls (the agent's own calls) before normal traffic before
 shadow work (DESIGN.md §1, §5).
 
@@ -57,21 +58,17 @@ class OutputReplay:
 
 
 class SLOAccounting:
-    """A request's SLO accounting, kept apart from its scheduling state: the SLOs F_r (`ttft_slo`) and T_r
-    (`tpot_slo`, seconds), arrival a_r, first-token time f_r (None before it), k_r (`num_decode_iters`:
-    iterations completed since the first token, Eq. 1), the finish time, and the prompt tokens its first
-    admission found cached (device or host) and of them on the host tier."""
+    """A request's SLO accounting, kept apart from its scheduling state: what its outcome is measured by
+    and no scheduling decision reads (the §5 metrics, a RequestOutput): the finish time and reason, and the
+    prompt tokens its first admission found cached (device or host), of them on the host tier. (The SLO
+    inputs of Algorithm 1, F_r, T_r, a_r, f_r, k_r, stay on the Request: the controller reads them for every
+    decode of every iteration, where a read-through would cost a Python call each.)"""
 
-    __slots__ = ("arrival_time", "ttft_slo", "tpot_slo", "first_token_time", "num_decode_iters", "finish_time",
-                 "num_cached_tokens", "num_host_cached_tokens")
+    __slots__ = ("finish_time", "finish_reason", "num_cached_tokens", "num_host_cached_tokens")
 
-    def __init__(self, arrival_time: float, ttft_slo: float = math.inf, tpot_slo: float = math.inf) -> None:
-        self.arrival_time = arrival_time
-        self.ttft_slo = ttft_slo
-        self.tpot_slo = tpot_slo
-        self.first_token_time: float | None = None   # f_r
-        self.num_decode_iters = 0                    # k_r
+    def __init__(self) -> None:
         self.finish_time: float | None = None
+        self.finish_reason: str | None = None
         self.num_cached_tokens = 0                   # prompt tokens served from cache at first admission
         self.num_host_cached_tokens = 0              # ... of which came from the host tier
 
@@ -88,8 +85,9 @@ def _slo_field(name: str, doc: str) -> property:
 class Request:
     """One call: prompt, limits, SLOs and the state the scheduler and controller keep for it.
 
-    `ttft_slo` / `tpot_slo` are in seconds (`F_r`, `T_r` of the paper); they and the other SLO accounting
-    fields live in `slo` (an `SLOAccounting`) and read through from here. `prefill_only` requests compute
+    `ttft_slo` / `tpot_slo` are in seconds (`F_r`, `T_r` of the paper). Its SLO accounting (finish time
+    and reason, cached prompt tokens) is `slo`, an `SLOAccounting`, read through from here. `prefill_only`
+    requests compute
     the prompt's K/V and finish without sampling (the Eager baseline's shadow requests).
     `replay_token_ids` / `fill_token`: its simulation replay data (held in an `OutputReplay`, `replay`): the
     output the request produces, one token per step, instead of what the executor samples (a simulator
@@ -105,18 +103,15 @@ class Request:
 
     __slots__ = (
         "request_id", "_token_ids", "num_prompt_tokens", "num_tokens", "max_tokens", "priority", "session_id",
-        "tenant", "arrival_seq", "prefill_only", "internal", "stream", "status", "num_computed_tokens",
-        "block_ids", "num_committed_blocks", "num_preemptions", "ready_event", "finish_reason", "admitted",
-        "sched_stamp", "samples_now", "check_at", "prefetch", "slo", "replay",
+        "tenant", "ttft_slo", "tpot_slo", "arrival_time", "arrival_seq", "prefill_only", "internal", "stream",
+        "status", "num_computed_tokens", "block_ids", "num_committed_blocks", "first_token_time",
+        "num_decode_iters", "num_preemptions", "ready_event", "admitted", "sched_stamp", "samples_now",
+        "check_at", "prefetch", "slo", "replay",
     )
 
-    # the SLO accounting, read through to `slo` (shadow.view.RequestState reads these)
-    arrival_time = _slo_field("arrival_time", "a_r (seconds, the engine's clock).")
-    ttft_slo = _slo_field("ttft_slo", "F_r (seconds).")
-    tpot_slo = _slo_field("tpot_slo", "T_r (seconds).")
-    first_token_time = _slo_field("first_token_time", "f_r; None before the first token.")
-    num_decode_iters = _slo_field("num_decode_iters", "k_r: iterations completed since the first token (Eq. 1).")
+    # the SLO accounting, read through to `slo`
     finish_time = _slo_field("finish_time", "When it finished; None before.")
+    finish_reason = _slo_field("finish_reason", "Why it finished ('stop', 'length', 'prefilled', 'abort').")
     num_cached_tokens = _slo_field("num_cached_tokens", "Prompt tokens served from cache at first admission.")
     num_host_cached_tokens = _slo_field("num_host_cached_tokens", "... of which came from the host tier.")
 
@@ -135,7 +130,9 @@ class Request:
         self.priority = priority
         self.session_id = session_id
         self.tenant = tenant
-        self.slo = SLOAccounting(arrival_time, ttft_slo, tpot_slo)   # SLO accounting (read through)
+        self.ttft_slo = ttft_slo
+        self.tpot_slo = tpot_slo
+        self.arrival_time = arrival_time
         self.arrival_seq = arrival_seq
         self.prefill_only = prefill_only
         self.internal = internal            # engine-made (Eager shadow): produces no RequestOutput
@@ -145,10 +142,12 @@ class Request:
         self.block_ids: list[int] = []
         self.num_committed_blocks = 0       # leading pages already registered in the prefix cache
         self.admitted = False
+        self.first_token_time: float | None = None   # f_r
+        self.num_decode_iters = 0           # k_r: iterations completed since the first token (Eq. 1)
         self.num_preemptions = 0
         self.ready_event = None             # host-tier reload the next forward must wait on
         self.prefetch = None                # waiting: its prefix reloaded ahead (a PrefixMatch), or False: tried
-        self.finish_reason: str | None = None
+        self.slo = SLOAccounting()          # its outcome's accounting (finish, cache hits): read through
         self.sched_stamp = -1               # the scheduler pass that last gave it a prefill chunk
         self.samples_now = False            # its chunk in the current batch samples a token
         self.replay = (OutputReplay(replay_token_ids, fill_token)     # simulation replay data, or None
@@ -276,11 +275,11 @@ class RequestOutput:
 
     @property
     def num_cached_tokens(self) -> int:
-        return self._request.num_cached_tokens
+        return self._request.slo.num_cached_tokens
 
     @property
     def num_host_cached_tokens(self) -> int:
-        return self._request.num_host_cached_tokens
+        return self._request.slo.num_host_cached_tokens
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -304,11 +303,11 @@ class RequestOutput:
 
     @property
     def finish_time(self) -> float | None:
-        return self._request.finish_time if self.finished else None
+        return self._request.slo.finish_time if self.finished else None
 
     @property
     def finish_reason(self) -> str | None:
-        return self._request.finish_reason if self.finished else None
+        return self._request.slo.finish_reason if self.finished else None
 
     @property
     def ttft(self) -> float | None:

@@ -178,7 +178,7 @@ class Scheduler:
             self._free(request, now)
             self.running.remove(request)
         request.status = RequestStatus.FINISHED
-        request.finish_reason = request.finish_reason or "abort"
+        request.slo.finish_reason = request.slo.finish_reason or "abort"
         self.requests.pop(request.request_id, None)
 
     # ---------------------------------------------------------------------------------------- schedule
@@ -604,7 +604,7 @@ class Scheduler:
         self._free(r, now)
         r.status = RequestStatus.FINISHED
         r.slo.finish_time = now
-        r.finish_reason = reason
+        r.slo.finish_reason = reason
         self.requests.pop(r.request_id, None)
         if not r.internal:
             self.stats.requests_finished += 1

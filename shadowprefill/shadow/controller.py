@@ -10,8 +10,8 @@
    15: take n tokens from jobs in Q by switch probability
 
 The controller is engine-free: `plan(view)` reads an `IterationView` (view.py) and returns a
-`ShadowBudget` for lines 10-12; whoever holds the shadow work (this project's `ShadowJobQueue.take`, or the
-vLLM plugin over vLLM's own shadow requests) asks the budget how many tokens a chunk at a given cached
+`ShadowBudget` for lines 10-12; whoever holds the shadow work (this project's scheduler over its shadow
+requests, `engine.shadow_work.take`, or the vLLM plugin over vLLM's own shadow requests) asks the budget how many tokens a chunk at a given cached
 context may have (`max_tokens`) and records what it took (`take`). `end_iteration` accrues the credit.
 
 σ_r is Eq. 1 for a decoding request, σ_r = f_r + (1−m)·T_r·(k_r+1) − t, and the TTFT slack

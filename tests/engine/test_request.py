@@ -1,6 +1,7 @@
-"""Request split by owner: the SLO accounting is an `SLOAccounting` (`Request.slo`), the replay data an
-`OutputReplay`; the Request reads the SLO fields through (shadow.view.RequestState), and an engine run fills
-them with the times and cache hits computed here by hand from a fixed iteration time."""
+"""Request split by owner: the SLO accounting of its outcome is an `SLOAccounting` (`Request.slo`), the replay
+data an `OutputReplay`; the Request reads the accounting through, and an engine run fills it (and the
+controller's inputs f_r, k_r) with the times and cache hits computed here by hand from a fixed iteration
+time."""
 import pytest
 
 from shadowprefill.engine.config import EngineConfig
@@ -16,8 +17,7 @@ class Fixed:
         return DT
 
 
-SLO_FIELDS = ("arrival_time", "ttft_slo", "tpot_slo", "first_token_time", "num_decode_iters", "finish_time",
-              "num_cached_tokens", "num_host_cached_tokens")
+SLO_FIELDS = ("finish_time", "finish_reason", "num_cached_tokens", "num_host_cached_tokens")
 
 
 def test_slo_fields_are_not_scheduler_slots_and_read_through():
@@ -25,8 +25,9 @@ def test_slo_fields_are_not_scheduler_slots_and_read_through():
     r = Request("a", [1, 2, 3], 2, Priority.ROUTED, 1.5, 0, ttft_slo=2.0, tpot_slo=0.1, replay_token_ids=[7])
     assert isinstance(r.slo, SLOAccounting) and isinstance(r.replay, OutputReplay)
     assert (r.arrival_time, r.ttft_slo, r.tpot_slo, r.first_token_time, r.num_decode_iters) == (1.5, 2.0, 0.1, None, 0)
-    r.first_token_time, r.num_decode_iters = 2.5, 4          # written through to the accounting
-    assert (r.slo.first_token_time, r.slo.num_decode_iters) == (2.5, 4)
+    assert (r.finish_time, r.finish_reason, r.num_cached_tokens, r.num_host_cached_tokens) == (None, None, 0, 0)
+    r.finish_reason, r.num_cached_tokens = "abort", 16       # written through to the accounting
+    assert (r.slo.finish_reason, r.slo.num_cached_tokens) == ("abort", 16)
     r.slo.finish_time = 3.0
     assert r.finish_time == 3.0
 
@@ -39,13 +40,13 @@ def test_an_engine_run_fills_the_accounting():
     while e.has_work():
         e.step()
     slo = r.slo
-    assert slo.arrival_time == 0.0 and (slo.ttft_slo, slo.tpot_slo) == (1.0, 0.5)
-    assert slo.first_token_time == pytest.approx(3 * DT)          # sampled at the end of the third chunk
-    assert slo.num_decode_iters == 3 and slo.finish_time == pytest.approx(6 * DT)
+    assert r.arrival_time == 0.0 and (r.ttft_slo, r.tpot_slo) == (1.0, 0.5)
+    assert r.first_token_time == pytest.approx(3 * DT)            # sampled at the end of the third chunk
+    assert r.num_decode_iters == 3 and slo.finish_time == pytest.approx(6 * DT) and slo.finish_reason == "length"
     assert (slo.num_cached_tokens, slo.num_host_cached_tokens) == (0, 0)
     again = e.add_request("b", prompt, 1, priority="routed")
     while e.has_work():
         e.step()
     assert again.slo.num_cached_tokens == 32                      # its prompt's two full pages were cached
-    assert again.slo.arrival_time == pytest.approx(6 * DT)
+    assert again.arrival_time == pytest.approx(6 * DT) and again.slo.finish_reason == "length"
     assert e.stats.cached_prompt_tokens == 32 and e.stats.routed_cached_prompt_tokens == 32
