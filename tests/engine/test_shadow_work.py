@@ -12,11 +12,9 @@ from shadowprefill.engine.shadow_work import ShadowQueue, ShadowRequest
 BS = 16
 
 
-def naive_lcp(a, b):
-    n = 0
-    while n < len(a) and n < len(b) and a[n] == b[n]:
-        n += 1
-    return n
+def first_difference(a, b):
+    """The longest common prefix's length, as the first index where the lists differ."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def test_append_keeps_progress():
@@ -87,7 +85,7 @@ def test_random_histories_never_overstate_cache():
         before = list(job.token_ids)
         cached_before = job.num_cached
         q.upsert("s", hist, now=float(step))
-        lcp = naive_lcp(before, hist)
+        lcp = first_difference(before, hist)
         assert job.num_cached == min(cached_before, lcp // BS * BS)   # whole pages of the common prefix
         assert job.token_ids[:job.num_cached] == before[:job.num_cached]
 
@@ -208,12 +206,17 @@ def _peek(e, tokens):
     return dev + host
 
 
-def test_rewrite_while_a_chunk_is_in_flight_registers_what_it_computed():
-    rng = random.Random(11)
+def _started(seed, n):
+    """An engine whose shadow request of `n` random tokens has its first chunk in flight."""
+    rng = random.Random(seed)
     e = _engine()
-    a = _rand(rng, 160)
+    a = _rand(rng, n)
     e.add_shadow("s", a)
-    it, r, n = _in_flight(e)
+    return (rng, e, a) + _in_flight(e)
+
+
+def test_rewrite_while_a_chunk_is_in_flight_registers_what_it_computed():
+    rng, e, a, it, r, n = _started(11, 160)
     assert (r.num_computed_tokens, n) == (0, 64) and r.all_token_ids == a
     b = a[:40] + _rand(rng, 120)                       # LCP 40: two whole pages survive
     e.add_shadow("s", b)
@@ -231,11 +234,7 @@ def test_rewrite_while_a_chunk_is_in_flight_registers_what_it_computed():
 
 
 def test_extend_while_a_chunk_is_in_flight_keeps_progress():
-    rng = random.Random(12)
-    e = _engine()
-    a = _rand(rng, 100)
-    e.add_shadow("s", a)
-    it, r, n = _in_flight(e)
+    rng, e, a, it, r, n = _started(12, 100)
     more = _rand(rng, 60)
     e.extend_shadow("s", more)                         # routed output streams in meanwhile: the prompt grows
     assert r.num_prompt_tokens == r.num_tokens == 160 and r.version == 0
@@ -250,11 +249,7 @@ def test_extend_while_a_chunk_is_in_flight_keeps_progress():
 
 
 def test_cancel_while_a_chunk_is_in_flight_keeps_its_pages_cached():
-    rng = random.Random(13)
-    e = _engine()
-    a = _rand(rng, 200)
-    e.add_shadow("s", a)
-    it, r, n = _in_flight(e)
+    _, e, a, it, r, n = _started(13, 200)
     e.cancel_shadow("s")
     assert "s" not in e.jobs
     _finish(e, it)
