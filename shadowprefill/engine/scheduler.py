@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
+from shadowprefill.engine.decode_batch import DecodeSet
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.kv.manager import PrefixMatch
 from shadowprefill.engine.shadow_work import ShadowWork
@@ -38,6 +40,9 @@ def _rank_routed_first(r: Request) -> tuple[int, int]:
 
 def _rank_fcfs(r: Request) -> int:
     return r.arrival_seq
+
+
+_priority = operator.attrgetter("priority")
 
 
 class ScheduledBatch:
@@ -121,6 +126,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}       # every unfinished request by id
         self.waiting: dict[Priority, list[Request]] = {Priority.ROUTED: [], Priority.NORMAL: []}
         self.running: list[Request] = []             # sorted by self._rank
+        self.decoding = DecodeSet(self._rank, config.block_size)   # its steady decodes (engine.decode_batch)
         self.num_preemptions = 0
         self._stamp = 0
         self.prefetched: list[Request] = []          # waiting requests holding a reload-ahead (r.prefetch)
@@ -160,6 +166,7 @@ class Scheduler:
         elif request.status is RequestStatus.RUNNING:
             self._free(request, now)
             self.running.remove(request)
+            self.decoding.leave(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = request.finish_reason or "abort"
         self.requests.pop(request.request_id, None)
@@ -190,40 +197,20 @@ class Scheduler:
         cfg, bs = self.config, self.block_size
         batch = ScheduledBatch(now)
         limit, max_seqs = cfg.token_budget, cfg.max_seqs
-        running = self.running
         self._stamp += 1
         stamp = self._stamp
         routed = Priority.ROUTED
         decodes = batch.decodes
 
-        # (1) running decodes, in rank order. A decode takes one token and one sequence, so while only
-        # decodes are scheduled the batch holds len(decodes) tokens (a preemption in _grow takes its victim
-        # back out of both).
-        others: list[Request] = []                   # running requests with a prefill chunk to do
+        # (1) running decodes, in rank order: every steady decode (engine.decode_batch keeps them), each due
+        # a page getting it; a preemption there takes its victim back out of the batch. Only when they
+        # exceed the cap, the per-request scan (_scan_decodes).
         cap = limit if limit < max_seqs else max_seqs
-        n_running = len(running)
-        i = nd = 0
-        has_routed = False
-        while i < n_running and nd < cap:
-            r = running[i]
-            i += 1
-            computed = r.num_computed_tokens
-            if r.num_tokens - computed != 1 or r.first_token_time is None:
-                others.append(r)
-                continue
-            if computed % bs == 0 and computed // bs >= len(r.block_ids):   # (a partly filled page has room)
-                batch.num_tokens = nd
-                grown = self._grow(r, 1, now, batch)
-                nd, n_running = len(decodes), len(running)
-                if not grown:
-                    i -= 1                           # r itself was preempted (it was last)
-                    continue
-            decodes.append(r)
-            nd += 1
-            if r.priority is routed:
-                has_routed = True
-        batch.num_tokens = nd
-        batch.has_routed = has_routed
+        others = self.decoding.take(self, batch, cap, now, RequestStatus.RUNNING)
+        if others is None:
+            others = self._scan_decodes(batch, cap, now)
+        batch.num_tokens = len(decodes)
+        batch.has_routed = routed in map(_priority, decodes)
 
         # (2) in-flight prefill chunks (prompt chunks, or recompute after preemption). If (1) stopped
         # early, the token budget or max_seqs is used up and nothing more is scheduled anyway.
@@ -262,8 +249,8 @@ class Scheduler:
                 break
 
         batch.waiting_nonempty = any(self.waiting.values())
-        if batch.preempted:                      # a preempted decode may have set the flag
-            batch.has_routed = any(r.priority is routed for r in decodes)
+        if batch.preempted:                      # a later preemption may have taken a routed decode out
+            batch.has_routed = routed in map(_priority, decodes)
         samples = batch.samples
         samples.extend(decodes)
         for r, n in batch.prefills:
@@ -273,6 +260,32 @@ class Scheduler:
             if r.samples_now:
                 samples.append(r)
         return batch
+
+    def _scan_decodes(self, batch: ScheduledBatch, cap: int, now: float) -> list[Request]:
+        """Step (1) per request: the running requests in rank order until `cap` decodes, growing pages as
+        needed (a preemption in _grow takes its victim back out of the batch). Returns the running requests
+        with a prefill chunk to do that it passed."""
+        bs, running, decodes = self.block_size, self.running, batch.decodes
+        others: list[Request] = []
+        n_running = len(running)
+        i = nd = 0
+        while i < n_running and nd < cap:
+            r = running[i]
+            i += 1
+            computed = r.num_computed_tokens
+            if r.num_tokens - computed != 1 or r.first_token_time is None:
+                others.append(r)
+                continue
+            if computed % bs == 0 and computed // bs >= len(r.block_ids):   # (a partly filled page has room)
+                batch.num_tokens = nd
+                grown = self._grow(r, 1, now, batch)
+                nd, n_running = len(decodes), len(running)
+                if not grown:
+                    i -= 1                           # r itself was preempted (it was last)
+                    continue
+            decodes.append(r)
+            nd += 1
+        return others
 
     # ------------------------------------------------------------------------------------------- memory
     def _admit(self, r: Request, budget: int, now: float, batch: ScheduledBatch) -> int:
@@ -356,6 +369,7 @@ class Scheduler:
             batch.prefills = [(q, n) for q, n in batch.prefills if q is not victim]
         self._free(victim, now)
         self.running.remove(victim)
+        self.decoding.leave(victim)
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -499,6 +513,7 @@ class Scheduler:
         outputs: list[RequestOutput] = []
         emit = outputs.append
         finished = False
+        decoding = self.decoding
         decodes = batch.decodes
         num_decodes = len(decodes)
         st.decode_tokens += num_decodes
@@ -529,6 +544,7 @@ class Scheduler:
                     continue
                 if (t - 1) // bs > r.num_committed_blocks:
                     self._commit_full_pages(r, now)
+                decoding.stepped(r)                  # (every page boundary passes here) due a page?
                 stop_at = r.num_prompt_tokens + r.max_tokens
                 page_at = (r.num_committed_blocks + 1) * bs + 1     # computed = t - 1 fills the next page
                 r.check_at = stop_at if stop_at < page_at else page_at
@@ -551,6 +567,7 @@ class Scheduler:
                 continue
             if r.num_computed_tokens // bs > r.num_committed_blocks:
                 self._commit_full_pages(r, now)
+            decoding.join(r)                     # a steady decode from the next iteration on
             if r.stream:
                 emit(RequestOutput(r, t - r.num_prompt_tokens, False))
         for r, n in batch.prefills:
@@ -562,6 +579,7 @@ class Scheduler:
                     self._commit_full_pages(r, now)
         if finished:
             self.running = [r for r in self.running if r.status is running]
+            decoding.keep_running(running)
         return outputs
 
     def _finish(self, r: Request, now: float, reason: str) -> None:
