@@ -211,8 +211,8 @@ def _arch(arch: Any):
 
 def _hot_path_numbers(a: Any) -> SimpleNamespace:
     """The architecture numbers the hot path reads, taken once from a model description (a `ModelShape`:
-    catalog `ModelArch` or engine `ModelConfig`, or an object with their attributes); the attention widths
-    come from `ModelShape` (its `q_size` / `kv_size`, defined there only). A namespace, not a shape type."""
+    catalog `ModelArch` or engine `ModelConfig`, or an object with their attributes). A namespace, not a shape
+    type; the attention widths are `ModelShape`'s (`_widths`)."""
     layers = int(a.num_layers)
     attn_layers = getattr(a, "num_attention_layers", None)
     attn_layers = layers if attn_layers is None else int(attn_layers)
@@ -223,7 +223,6 @@ def _hot_path_numbers(a: Any) -> SimpleNamespace:
     s = SimpleNamespace(layers=layers, attn_layers=attn_layers, sliding_layers=sliding, window=int(window),
                         linear_layers=layers - attn_layers, hidden=int(a.hidden_size), heads=int(a.num_heads),
                         kv_heads=int(a.num_kv_heads), head_dim=int(a.head_dim),
-                        q_size=int(ModelShape.q_size.fget(a)), kv_size=int(ModelShape.kv_size.fget(a)),
                         inter=int(a.intermediate_size), vocab=int(a.vocab_size),
                         experts=int(getattr(a, "num_experts", 1) or 1),
                         top_k=int(getattr(a, "experts_per_token", 1) or 1),
@@ -235,13 +234,18 @@ def _hot_path_numbers(a: Any) -> SimpleNamespace:
     if hasattr(a, "weight_bytes") and callable(a.weight_bytes):
         s.weight_bytes = float(a.weight_bytes())
     else:
-        s.weight_bytes = float(_count_params(s)) * DTYPE_BYTES
+        s.weight_bytes = float(_count_params(s, *_widths(a))) * DTYPE_BYTES
     return s
 
 
-def _count_params(s: SimpleNamespace) -> int:
+def _widths(a: Any) -> tuple[int, int]:
+    """(q_size, kv_size) of a model description, as `ModelShape` defines them (duck-typed objects too)."""
+    return int(ModelShape.q_size.fget(a)), int(ModelShape.kv_size.fget(a))
+
+
+def _count_params(s: SimpleNamespace, q_size: int, kv_size: int) -> int:
     """Parameters of a model from its hot-path numbers (when the description has no weight_bytes())."""
-    attn = s.hidden * (s.q_size * (2 if s.gate_q else 1) + 2 * s.kv_size) + s.q_size * s.hidden
+    attn = s.hidden * (q_size * (2 if s.gate_q else 1) + 2 * kv_size) + q_size * s.hidden
     mlp = (3 if s.gated else 2) * s.hidden * (s.inter * s.experts + s.shared_inter)
     return s.attn_layers * attn + s.linear_layers * s.linear_proj_params + s.layers * mlp + 2 * s.vocab * s.hidden
 
@@ -268,6 +272,7 @@ class LatencyModel:
             raise TypeError(f"cal must be a Calibration, got {type(cal).__name__}")
         self.cal = cal
         s = self.shape = _hot_path_numbers(self.arch)
+        self._q_size = _widths(self.arch)[0]
         if tp is None:
             tp = next((t for t in (1, 2, 4, 8) if s.weight_bytes / t <= 0.5 * self.gpu.hbm_bytes), None)
             if tp is None:
@@ -389,7 +394,7 @@ class LatencyModel:
     def _dense_time(self, t: int) -> float:
         """All layers' projections, MLP/MoE, elementwise ops and all-reduces for `t` tokens."""
         s, g, c, tp = self.shape, self.gpu, self.cal, self.tp
-        q_width = s.q_size / tp
+        q_width = self._q_size / tp
         kv_width = self._kv_heads_gpu * s.head_dim
         attn_proj = (gemm_s(t, q_width * (2 if s.gate_q else 1) + 2 * kv_width, s.hidden, g, c)
                      + gemm_s(t, s.hidden, q_width, g, c))
