@@ -51,7 +51,7 @@ class ScheduledBatch:
 
     __slots__ = ("now", "decodes", "prefills", "shadow_chunks", "samples", "waiting_nonempty",
                  "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens", "ahead_tokens",
-                 "prefetched_tokens", "budget_s", "_shape")
+                 "prefetched_tokens", "budget_s", "_shape", "_contexts")
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -69,6 +69,7 @@ class ScheduledBatch:
         self.prefetched_tokens = 0                        # its admissions' tokens reloaded ahead (last iteration)
         self.budget_s = 0.0                               # b, when shadow chunks joined under a whole-iteration
         self._shape = None                                # budget (not the credit branch); else 0
+        self._contexts = None
 
     @property
     def num_seqs(self) -> int:
@@ -90,7 +91,15 @@ class ScheduledBatch:
     def view(self, free_shadow_tokens) -> IterationView:
         """The controller's read-only view of the routed/normal part (shadow chunks not yet added)."""
         return IterationView(self.now, self.decodes, self.prefills, self.has_routed, self.waiting_nonempty,
-                             self.admission_blocked, self.num_tokens, self.num_seqs, free_shadow_tokens)
+                             self.admission_blocked, self.num_tokens, self.num_seqs, free_shadow_tokens,
+                             self.decode_contexts())
+
+    def decode_contexts(self) -> list[int]:
+        """Each decode's context (shadow.view.decode_contexts), computed once per iteration: the decodes do not
+        change once the requests are scheduled (call it before postprocess)."""
+        if self._contexts is None:
+            self._contexts = decode_contexts(self.decodes)
+        return self._contexts
 
     def shape(self) -> tuple[list[tuple[int, int]], list[int]]:
         """(prefill chunks as (new tokens, cached before), shadow chunks last; decode contexts): the latency
@@ -99,7 +108,7 @@ class ScheduledBatch:
             prefill = prefill_pairs(self.prefills)
             if self.shadow_chunks:
                 prefill.extend((c.num_new, c.start) for c in self.shadow_chunks)
-            self._shape = (prefill, decode_contexts(self.decodes))
+            self._shape = (prefill, self.decode_contexts())
         return self._shape
 
 
