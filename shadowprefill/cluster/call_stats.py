@@ -5,6 +5,12 @@ import math
 from typing import Iterable, Sequence
 
 
+def time_to_first_token(arrival: float, first_token: float | None) -> float | None:
+    """TTFT (§5.1): the first token's time minus the arrival; None while there is no first token. The one
+    definition: `CallTimes`, the serving manager's `ServeCall` and the engine's `RequestOutput` use it."""
+    return None if first_token is None else first_token - arrival
+
+
 def mean(values: Sequence[float]) -> float | None:
     """Arithmetic mean, None for no values."""
     return float(sum(values) / len(values)) if values else None
@@ -77,8 +83,8 @@ class CallTimes:
         return self.finish - self.arrival
 
     @property
-    def ttft(self) -> float:
-        return self.first_token - self.arrival
+    def ttft(self) -> float | None:
+        return time_to_first_token(self.arrival, self.first_token)
 
     @property
     def tpot(self) -> float:

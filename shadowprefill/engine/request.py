@@ -20,6 +20,8 @@ import enum
 import math
 import operator
 
+from shadowprefill.cluster.call_stats import time_to_first_token
+
 
 class Priority(enum.IntEnum):
     """Scheduling class; a lower value is served first."""
@@ -311,9 +313,8 @@ class RequestOutput:
 
     @property
     def ttft(self) -> float | None:
-        """Time from arrival to the first token, or None before it."""
-        first = self.first_token_time
-        return None if first is None else first - self._request.arrival_time
+        """Time from arrival to the first token, or None before it (cluster.call_stats.time_to_first_token)."""
+        return time_to_first_token(self._request.arrival_time, self.first_token_time)
 
     def __repr__(self) -> str:
         return (f"RequestOutput({self.request_id!r}, tokens={self._n}, finished={self.finished}, "

@@ -28,6 +28,8 @@ from __future__ import annotations
 import bisect
 import itertools
 from shadowprefill.engine import shadow_work
+import operator
+from shadowprefill.engine.decode_batch import DecodeSet
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.engine.shadow_work import ShadowQueue, ShadowWork
 from shadowprefill.kv.manager import PrefixMatch
@@ -44,6 +46,9 @@ def _rank_fcfs(r: Request) -> int:
     return r.arrival_seq
 
 
+_priority = operator.attrgetter("priority")
+
+
 class ScheduledBatch:
     """One iteration's work: decodes and prefill chunks; the last `num_shadow` prefill chunks are shadow
     requests' (added by the shadow phase, within the controller's budget). `samples` lists, in forward-batch
@@ -51,7 +56,7 @@ class ScheduledBatch:
 
     __slots__ = ("now", "decodes", "prefills", "num_shadow", "samples", "waiting_nonempty",
                  "admission_blocked", "has_routed", "num_tokens", "preempted", "reload_tokens", "ahead_tokens",
-                 "prefetched_tokens", "budget_s", "_shape")
+                 "prefetched_tokens", "budget_s", "_shape", "_contexts")
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -69,6 +74,7 @@ class ScheduledBatch:
         self.prefetched_tokens = 0                        # its admissions' tokens reloaded ahead (last iteration)
         self.budget_s = 0.0                               # b, when shadow chunks joined under a whole-iteration
         self._shape = None                                # budget (not the credit branch); else 0
+        self._contexts = None
 
     @property
     def num_seqs(self) -> int:
@@ -102,13 +108,20 @@ class ScheduledBatch:
         prefills = self.request_prefills
         return IterationView(self.now, self.decodes, prefills, self.has_routed, self.waiting_nonempty,
                              self.admission_blocked, self.num_tokens, len(self.decodes) + len(prefills),
-                             free_shadow_tokens)
+                             free_shadow_tokens, self.decode_contexts())
+
+    def decode_contexts(self) -> list[int]:
+        """Each decode's context (shadow.view.decode_contexts), computed once per iteration: the decodes do not
+        change once the requests are scheduled (call it before postprocess)."""
+        if self._contexts is None:
+            self._contexts = decode_contexts(self.decodes)
+        return self._contexts
 
     def shape(self) -> tuple[list[tuple[int, int]], list[int]]:
         """(prefill chunks as (new tokens, cached before), shadow chunks last; decode contexts): the latency
         model's and the predictor's input, fixed once read (call it before postprocess)."""
         if self._shape is None:
-            self._shape = (prefill_pairs(self.prefills), decode_contexts(self.decodes))
+            self._shape = (prefill_pairs(self.prefills), self.decode_contexts())
         return self._shape
 
 
@@ -137,6 +150,7 @@ class Scheduler:
         self.waiting: dict = {Priority.ROUTED: [], Priority.NORMAL: [],       # lists, by arrival
                               Priority.SHADOW: shadow_queue}                  # by switch probability
         self.running: list[Request] = []             # sorted by self._rank
+        self.decoding = DecodeSet(self._rank, config.block_size)   # its steady decodes (engine.decode_batch)
         self.num_preemptions = 0
         self._stamp = 0
         self.prefetched: list[Request] = []          # waiting requests holding a reload-ahead (r.prefetch)
@@ -177,6 +191,7 @@ class Scheduler:
         elif request.status is RequestStatus.RUNNING:
             self._free(request, now)
             self.running.remove(request)
+            self.decoding.leave(request)
         request.status = RequestStatus.FINISHED
         request.slo.finish_reason = request.slo.finish_reason or "abort"
         self.requests.pop(request.request_id, None)
@@ -223,40 +238,20 @@ class Scheduler:
         cfg, bs = self.config, self.block_size
         batch = ScheduledBatch(now)
         limit, max_seqs = cfg.token_budget, cfg.max_seqs
-        running = self.running
         self._stamp += 1
         stamp = self._stamp
         routed = Priority.ROUTED
         decodes = batch.decodes
 
-        # (1) running decodes, in rank order. A decode takes one token and one sequence, so while only
-        # decodes are scheduled the batch holds len(decodes) tokens (a preemption in _grow takes its victim
-        # back out of both).
-        others: list[Request] = []                   # running requests with a prefill chunk to do
+        # (1) running decodes, in rank order: every steady decode (engine.decode_batch keeps them), each due
+        # a page getting it; a preemption there takes its victim back out of the batch. Only when they
+        # exceed the cap, the per-request scan (_scan_decodes).
         cap = limit if limit < max_seqs else max_seqs
-        n_running = len(running)
-        i = nd = 0
-        has_routed = False
-        while i < n_running and nd < cap:
-            r = running[i]
-            i += 1
-            computed = r.num_computed_tokens
-            if r.num_tokens - computed != 1 or r.first_token_time is None:
-                others.append(r)
-                continue
-            if computed % bs == 0 and computed // bs >= len(r.block_ids):   # (a partly filled page has room)
-                batch.num_tokens = nd
-                grown = self._grow(r, 1, now, batch)
-                nd, n_running = len(decodes), len(running)
-                if not grown:
-                    i -= 1                           # r itself was preempted (it was last)
-                    continue
-            decodes.append(r)
-            nd += 1
-            if r.priority is routed:
-                has_routed = True
-        batch.num_tokens = nd
-        batch.has_routed = has_routed
+        others = self.decoding.take(self, batch, cap, now, RequestStatus.RUNNING)
+        if others is None:
+            others = self._scan_decodes(batch, cap, now)
+        batch.num_tokens = len(decodes)
+        batch.has_routed = routed in map(_priority, decodes)
 
         # (2) in-flight prefill chunks (prompt chunks, or recompute after preemption). If (1) stopped
         # early, the token budget or max_seqs is used up and nothing more is scheduled anyway.
@@ -295,8 +290,8 @@ class Scheduler:
                 break
 
         batch.waiting_nonempty = bool(self.waiting[Priority.ROUTED] or self.waiting[Priority.NORMAL])
-        if batch.preempted:                      # a preempted decode may have set the flag
-            batch.has_routed = any(r.priority is routed for r in decodes)
+        if batch.preempted:                      # a later preemption may have taken a routed decode out
+            batch.has_routed = routed in map(_priority, decodes)
         samples = batch.samples
         samples.extend(decodes)
         for r, n in batch.prefills:
@@ -306,6 +301,32 @@ class Scheduler:
             if r.samples_now:
                 samples.append(r)
         return batch
+
+    def _scan_decodes(self, batch: ScheduledBatch, cap: int, now: float) -> list[Request]:
+        """Step (1) per request: the running requests in rank order until `cap` decodes, growing pages as
+        needed (a preemption in _grow takes its victim back out of the batch). Returns the running requests
+        with a prefill chunk to do that it passed."""
+        bs, running, decodes = self.block_size, self.running, batch.decodes
+        others: list[Request] = []
+        n_running = len(running)
+        i = nd = 0
+        while i < n_running and nd < cap:
+            r = running[i]
+            i += 1
+            computed = r.num_computed_tokens
+            if r.num_tokens - computed != 1 or r.first_token_time is None:
+                others.append(r)
+                continue
+            if computed % bs == 0 and computed // bs >= len(r.block_ids):   # (a partly filled page has room)
+                batch.num_tokens = nd
+                grown = self._grow(r, 1, now, batch)
+                nd, n_running = len(decodes), len(running)
+                if not grown:
+                    i -= 1                           # r itself was preempted (it was last)
+                    continue
+            decodes.append(r)
+            nd += 1
+        return others
 
     # ------------------------------------------------------------------------------------------- memory
     def _admit(self, r: Request, budget: int, now: float, batch: ScheduledBatch) -> int:
@@ -390,6 +411,7 @@ class Scheduler:
             batch.prefills = [(q, n) for q, n in batch.prefills if q is not victim]
         self._free(victim, now)
         self.running.remove(victim)
+        self.decoding.leave(victim)
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -535,6 +557,7 @@ class Scheduler:
         outputs: list[RequestOutput] = []
         emit = outputs.append
         finished = False
+        decoding = self.decoding
         decodes = batch.decodes
         num_decodes = len(decodes)
         st.decode_tokens += num_decodes
@@ -565,6 +588,7 @@ class Scheduler:
                     continue
                 if (t - 1) // bs > r.num_committed_blocks:
                     self._commit_full_pages(r, now)
+                decoding.stepped(r)                  # (every page boundary passes here) due a page?
                 stop_at = r.num_prompt_tokens + r.max_tokens
                 page_at = (r.num_committed_blocks + 1) * bs + 1     # computed = t - 1 fills the next page
                 r.check_at = stop_at if stop_at < page_at else page_at
@@ -587,6 +611,7 @@ class Scheduler:
                 continue
             if r.num_computed_tokens // bs > r.num_committed_blocks:
                 self._commit_full_pages(r, now)
+            decoding.join(r)                     # a steady decode from the next iteration on
             if r.stream:
                 emit(RequestOutput(r, t - r.num_prompt_tokens, False))
         for r, n in batch.prefills:
@@ -598,6 +623,7 @@ class Scheduler:
                     self._commit_full_pages(r, now)
         if finished:
             self.running = [r for r in self.running if r.status is running]
+            decoding.keep_running(running)
         return outputs
 
     def _finish(self, r: Request, now: float, reason: str) -> None:

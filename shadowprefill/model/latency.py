@@ -33,12 +33,14 @@ their own data-sheet peaks (the attention rates as fractions of the H100's 989 T
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import numpy as np
 
 from shadowprefill.model.gpus import GPUSpec, get_gpu
+from shadowprefill.model.shape import ModelShape
 
 DTYPE_BYTES = 2  # bf16 activations, KV and (dense) weights
 
@@ -207,62 +209,45 @@ def _arch(arch: Any):
     return arch
 
 
-@dataclass
-class _Shape:
-    """Architecture numbers the hot path needs (read once from a ModelArch or a ModelConfig)."""
+def _hot_path_numbers(a: Any) -> SimpleNamespace:
+    """The architecture numbers the hot path reads, taken once from a model description (a `ModelShape`:
+    catalog `ModelArch` or engine `ModelConfig`, or an object with their attributes). A namespace, not a shape
+    type; the attention widths are `ModelShape`'s (`_widths`)."""
+    layers = int(a.num_layers)
+    attn_layers = getattr(a, "num_attention_layers", None)
+    attn_layers = layers if attn_layers is None else int(attn_layers)
+    window = getattr(a, "sliding_window", None) or 0
+    sliding = int(getattr(a, "sliding_window_layers", 0) or 0)
+    if window and not hasattr(a, "sliding_window_layers"):
+        sliding = attn_layers                           # e.g. an engine ModelConfig with a window
+    s = SimpleNamespace(layers=layers, attn_layers=attn_layers, sliding_layers=sliding, window=int(window),
+                        linear_layers=layers - attn_layers, hidden=int(a.hidden_size), heads=int(a.num_heads),
+                        kv_heads=int(a.num_kv_heads), head_dim=int(a.head_dim),
+                        inter=int(a.intermediate_size), vocab=int(a.vocab_size),
+                        experts=int(getattr(a, "num_experts", 1) or 1),
+                        top_k=int(getattr(a, "experts_per_token", 1) or 1),
+                        shared_inter=int(getattr(a, "shared_expert_intermediate", 0) or 0),
+                        gated=bool(getattr(a, "gated_mlp", True)), gate_q=bool(getattr(a, "attn_output_gate", False)),
+                        linear_proj_params=int(getattr(a, "linear_attn_proj_params", 0) or 0),
+                        state_bytes=int(getattr(a, "recurrent_state_bytes", 0) or 0),
+                        expert_bits=float(getattr(a, "expert_weight_bits", 16.0) or 16.0))
+    if hasattr(a, "weight_bytes") and callable(a.weight_bytes):
+        s.weight_bytes = float(a.weight_bytes())
+    else:
+        s.weight_bytes = float(_count_params(s, *_widths(a))) * DTYPE_BYTES
+    return s
 
-    layers: int
-    attn_layers: int
-    sliding_layers: int
-    window: int
-    linear_layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    inter: int
-    vocab: int
-    experts: int
-    top_k: int
-    shared_inter: int
-    gated: bool
-    gate_q: bool
-    linear_proj_params: int
-    state_bytes: int
-    expert_bits: float
-    weight_bytes: float = field(default=0.0)
 
-    @classmethod
-    def of(cls, a: Any) -> "_Shape":
-        layers = int(a.num_layers)
-        attn_layers = getattr(a, "num_attention_layers", None)
-        attn_layers = layers if attn_layers is None else int(attn_layers)
-        window = getattr(a, "sliding_window", None) or 0
-        sliding = int(getattr(a, "sliding_window_layers", 0) or 0)
-        if window and not hasattr(a, "sliding_window_layers"):
-            sliding = attn_layers                           # e.g. an engine ModelConfig with a window
-        shape = cls(layers=layers, attn_layers=attn_layers, sliding_layers=sliding, window=int(window),
-                    linear_layers=layers - attn_layers, hidden=int(a.hidden_size), heads=int(a.num_heads),
-                    kv_heads=int(a.num_kv_heads), head_dim=int(a.head_dim), inter=int(a.intermediate_size),
-                    vocab=int(a.vocab_size), experts=int(getattr(a, "num_experts", 1) or 1),
-                    top_k=int(getattr(a, "experts_per_token", 1) or 1),
-                    shared_inter=int(getattr(a, "shared_expert_intermediate", 0) or 0),
-                    gated=bool(getattr(a, "gated_mlp", True)), gate_q=bool(getattr(a, "attn_output_gate", False)),
-                    linear_proj_params=int(getattr(a, "linear_attn_proj_params", 0) or 0),
-                    state_bytes=int(getattr(a, "recurrent_state_bytes", 0) or 0),
-                    expert_bits=float(getattr(a, "expert_weight_bits", 16.0) or 16.0))
-        if hasattr(a, "weight_bytes") and callable(a.weight_bytes):
-            shape.weight_bytes = float(a.weight_bytes())
-        else:
-            shape.weight_bytes = float(shape.count_params()) * DTYPE_BYTES
-        return shape
+def _widths(a: Any) -> tuple[int, int]:
+    """(q_size, kv_size) of a model description, as `ModelShape` defines them (duck-typed objects too)."""
+    return int(ModelShape.q_size.fget(a)), int(ModelShape.kv_size.fget(a))
 
-    def count_params(self) -> int:
-        attn = self.hidden * (self.heads * self.head_dim * (2 if self.gate_q else 1)
-                              + 2 * self.kv_heads * self.head_dim) + self.heads * self.head_dim * self.hidden
-        mlp = (3 if self.gated else 2) * self.hidden * (self.inter * self.experts + self.shared_inter)
-        return (self.attn_layers * attn + self.linear_layers * self.linear_proj_params + self.layers * mlp
-                + 2 * self.vocab * self.hidden)
+
+def _count_params(s: SimpleNamespace, q_size: int, kv_size: int) -> int:
+    """Parameters of a model from its hot-path numbers (when the description has no weight_bytes())."""
+    attn = s.hidden * (q_size * (2 if s.gate_q else 1) + 2 * kv_size) + q_size * s.hidden
+    mlp = (3 if s.gated else 2) * s.hidden * (s.inter * s.experts + s.shared_inter)
+    return s.attn_layers * attn + s.linear_layers * s.linear_proj_params + s.layers * mlp + 2 * s.vocab * s.hidden
 
 
 class LatencyModel:
@@ -286,7 +271,8 @@ class LatencyModel:
         if not isinstance(cal, Calibration):
             raise TypeError(f"cal must be a Calibration, got {type(cal).__name__}")
         self.cal = cal
-        s = self.shape = _Shape.of(self.arch)
+        s = self.shape = _hot_path_numbers(self.arch)
+        self._q_size = _widths(self.arch)[0]
         if tp is None:
             tp = next((t for t in (1, 2, 4, 8) if s.weight_bytes / t <= 0.5 * self.gpu.hbm_bytes), None)
             if tp is None:
@@ -408,7 +394,7 @@ class LatencyModel:
     def _dense_time(self, t: int) -> float:
         """All layers' projections, MLP/MoE, elementwise ops and all-reduces for `t` tokens."""
         s, g, c, tp = self.shape, self.gpu, self.cal, self.tp
-        q_width = s.heads * s.head_dim / tp
+        q_width = self._q_size / tp
         kv_width = self._kv_heads_gpu * s.head_dim
         attn_proj = (gemm_s(t, q_width * (2 if s.gate_q else 1) + 2 * kv_width, s.hidden, g, c)
                      + gemm_s(t, s.hidden, q_width, g, c))

@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from shadowprefill.cluster.call_stats import call_metrics, percentile
+from shadowprefill.cluster.call_stats import CallTimes, call_metrics, percentile
 
 
 @dataclass
-class ServeCall:
-    """One call forwarded by the manager. Times are `time.monotonic()` seconds at the manager."""
+class ServeCall(CallTimes):
+    """One call forwarded by the manager. Times are `time.monotonic()` seconds at the manager; `latency` and
+    `ttft` are `CallTimes`' (one definition for every call record)."""
 
     session_id: str
     call_index: int
@@ -40,14 +41,6 @@ class ServeCall:
     stream: bool
     status: int = 200
     error: str | None = None
-
-    @property
-    def latency(self) -> float:
-        return self.finish - self.arrival
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
 
     def as_dict(self) -> dict:
         d = asdict(self)

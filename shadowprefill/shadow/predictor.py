@@ -170,6 +170,7 @@ class IterationPredictor:
         self.speed_ratio = 1.0           # ρ: observed over seed-predicted iteration time
         self.refit_every = refit_every
         self._rows: list[tuple] = []     # observations not yet folded in (scaled features / duration)
+        self._decay: dict[tuple[int, float], np.ndarray] = {}   # refit's per-row decay, by (rows folded in, λ)
         # guardrails
         self.probe_tokens, self.warm_steps, self.growth = probe_tokens, warm_steps, growth
         self.prefill_steps = 0           # measured steps that carried prefill tokens
@@ -245,7 +246,9 @@ class IterationPredictor:
             return
         k, lam = len(rows), self.forgetting
         x = np.array(rows)
-        w = lam ** np.arange(k - 1, -1, -1, dtype=np.float64)     # row i decays k-1-i more times
+        w = self._decay.get((k, lam))
+        if w is None:                                             # row i decays k-1-i more times
+            w = self._decay[k, lam] = lam ** np.arange(k - 1, -1, -1, dtype=np.float64)
         self._info *= lam ** k
         self._info += (x.T * w) @ x
         self._rhs *= lam ** k

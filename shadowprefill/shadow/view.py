@@ -50,6 +50,7 @@ class IterationView:
     num_tokens: int = 0
     num_seqs: int = 0
     free_shadow_tokens: "int | Callable[[int], int]" = 0
+    contexts: "list[int] | None" = None               # decode_contexts(), when the engine already has them
 
     @property
     def has_requests(self) -> bool:
@@ -67,7 +68,8 @@ class IterationView:
 
     def decode_contexts(self) -> list[int]:
         """Context of every decode (tokens attended, the new one included)."""
-        return decode_contexts(self.decodes)
+        contexts = self.contexts
+        return decode_contexts(self.decodes) if contexts is None else contexts
 
 
 def prefill_pairs(prefills: Sequence[tuple[RequestState, int]]) -> list[tuple[int, int]]:

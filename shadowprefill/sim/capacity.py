@@ -102,7 +102,7 @@ class CapacityQuery:
         cal.pop("source", None)                     # a description, not a number
         return {
             "version": CAPACITY_VERSION,
-            "shape": asdict(lm.shape), "tp": lm.tp, "gpu": asdict(lm.gpu), "calibration": cal,
+            "shape": dict(vars(lm.shape)), "tp": lm.tp, "gpu": asdict(lm.gpu), "calibration": cal,
             "activation_reserve_bytes": lm.activation_reserve_bytes,
             "slo": {"decode_context": slo_rule.SLO_DECODE_CONTEXT, "tpot": slo_rule.default_tpot_slo.__kwdefaults__,
                     "ttft": slo_rule.default_ttft_slo.__kwdefaults__},
