@@ -249,6 +249,7 @@ def test_a_shadow_with_its_prefix_on_the_host_loads_it_then_computes_in_chunks(m
     assert d.finished == {rid: "length" for _, rid, _, _, _ in reqs}
     loads = [blocks for _, rid, blocks in w.loads if rid == "s2"]
     assert len(loads) == 1 and len(loads[0]) >= 8, loads
+    assert sched.totals["shadow_host_loads"] == 1
     parked = [i for i, st in enumerate(statuses) if st == RequestStatus.WAITING_FOR_REMOTE_KVS]
     assert parked and all("s2" not in d.outputs[i].num_scheduled_tokens for i in parked)
     chunks = _chunks(d, "s2")

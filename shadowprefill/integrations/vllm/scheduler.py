@@ -201,7 +201,7 @@ class ShadowScheduler(Scheduler):
         self._last_done = time.perf_counter()           # when the last step's output was processed
         self._step_no = 0
         self.totals = {"steps": 0, "shadow_tokens": 0, "budget_tokens": 0, "shadow_chunks": 0, "shadow_preempted": 0,
-                       "shadow_refused": 0, "shadow_superseded": 0}
+                       "shadow_refused": 0, "shadow_superseded": 0, "shadow_host_loads": 0}
         rank = vllm_config.parallel_config.data_parallel_rank
         path = cfg.stats_path
         if path is not None and vllm_config.parallel_config.data_parallel_size > 1:
@@ -333,6 +333,8 @@ class ShadowScheduler(Scheduler):
         step.t0 = t0
         if out.total_num_scheduled_tokens:
             self._steps[id(out)] = step
+        else:                           # not recorded: a step that only started host-tier loads
+            self.totals["shadow_host_loads"] += len(step.shadow_loads)
         if not out.total_num_scheduled_tokens and self._shadows:
             time.sleep(_IDLE_SLEEP_S)
         return out
@@ -629,6 +631,7 @@ class ShadowScheduler(Scheduler):
         t["budget_tokens"] += step.allowance
         t["shadow_chunks"] += len(step.shadow_chunks)
         t["shadow_preempted"] += step.preempted_shadows
+        t["shadow_host_loads"] += len(step.shadow_loads)
         if self._stats is None:
             return
         b, kv = step.budget, self._kv
@@ -646,6 +649,7 @@ class ShadowScheduler(Scheduler):
             "budget_scale": round(self.predictor.budget_scale, 6), "chunk_limit": self.predictor.chunk_limit(),
             "overruns": self.predictor.overruns,
             "shadow_superseded": t["shadow_superseded"], "shadow_refused": t["shadow_refused"],
+            "shadow_host_loads": [[i, n] for i, n in step.shadow_loads],
             "shadow_reqs": [[i, n, c] for i, (n, c) in zip(step.shadow_ids, step.shadow_chunks)]})
 
     def shutdown(self) -> None:
