@@ -114,8 +114,8 @@ class RecordingWorker:
         for jid, job in meta.store_jobs.items():        # wait_for_save: submitted at the next step's start
             self.stores.append((step, job.req_id, job.src_spec.block_ids.tolist()))
             self.unsubmitted.append((jid, job))
-        return KVConnectorOutput(finished_recving=recving or None,
-                                 kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done) if done else None)
+        meta_out = OffloadingWorkerMetadata(completed_jobs=done) if done else None
+        return KVConnectorOutput(finished_recving=recving or None, kv_connector_worker_meta=meta_out)
 
 
 def connector_meta(out) -> dict:

@@ -127,7 +127,7 @@ class _StepHost:
         else:
             blocks = kvm.allocate_slots(r, n, num_new_computed_tokens=context - ext, new_computed_blocks=computed,
                                         num_lookahead_tokens=s.num_lookahead_tokens, full_sequence_must_fit=False,
-                                        has_scheduled_reqs=True, **({"num_external_computed_tokens": ext} if ext else {}))
+                                        has_scheduled_reqs=True, num_external_computed_tokens=ext)
         if blocks is None:
             return False
         s._kv.add(blocks.blocks[0])
@@ -165,7 +165,8 @@ class ShadowScheduler(Scheduler):
     scheduled by vLLM's own code. Configuration: `SHADOWPREFILL_VLLM` (see `config.py`).
 
     Supported: one full-attention KV-cache group, no speculative decoding, no EC connector, no KV connector
-    but vLLM's `OffloadingConnector` (the host tier, `connector.py`), no pipeline parallelism; synchronous or asynchronous scheduling, V1 or V2 model runner. Shadow requests with LoRA,
+    but vLLM's `OffloadingConnector` (the host tier, `connector.py`), no pipeline parallelism; synchronous or
+    asynchronous scheduling, V1 or V2 model runner. Shadow requests with LoRA,
     multimodal inputs, structured output, prompt embeddings or prompt logprobs run as ordinary requests.
     """
 
