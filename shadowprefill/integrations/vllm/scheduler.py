@@ -36,11 +36,15 @@ from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutp
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
+from shadowprefill.integrations.vllm.connector import (  # noqa: E402
+    ConnectorAdmission, DeferredShadowFrees, connector_problem)
+
 logger = logging.getLogger("vllm.shadowprefill")  # under vLLM's configured logger
 
 _IDLE_SLEEP_S = 0.002          # an engine step that scheduled nothing while shadows wait (vLLM then loops)
 _LIVENESS_S = 1.0              # an idle instance whose t̂ rejects every chunk still probes this often
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_QUEUED = _WAITING + (RequestStatus.WAITING_FOR_REMOTE_KVS,)   # in vLLM's waiting queues (connector: parked loads)
 
 
 class _ReqView:
@@ -59,7 +63,7 @@ class _Step:
     """What one scheduled step held, for the predictor, the credit and the stats line."""
 
     __slots__ = ("output", "t0", "wall", "decodes", "prefills", "shadow_chunks", "shadow_ids", "budget", "allowance",
-                 "waiting", "preempted_shadows", "warm")
+                 "waiting", "preempted_shadows", "warm", "shadow_loads")
 
 
 class _StepHost:
@@ -75,34 +79,55 @@ class _StepHost:
         self.sched: dict[str, int] = {}
         self.new_blocks_of: dict = {}
         self.running_now, self.resumed_now, self.new_now = [], [], []
+        self.sync_load = False              # a shadow admitted with a synchronous connector load
 
     def locate(self, r):
         s, kvm, rid = self.s, self.s.kv_cache_manager, r.request_id
         if r.status == RequestStatus.RUNNING:
-            self._located[rid] = (True, None, (), len(kvm.get_blocks(rid).blocks[0]))
+            self._located[rid] = (True, None, (), len(kvm.get_blocks(rid).blocks[0]), 0)
             return r.num_computed_tokens, r.num_tokens - r.num_computed_tokens, None
+        conn = s._conn
+        if conn is not None and not conn.ready(s, r):          # a host-tier load still in flight
+            return None
         if len(s.running) + s.num_waiting_for_streaming_input >= s.max_num_active_reqs:
             return None
-        computed, context, _ = kvm.get_computed_blocks(r)
+        if r.num_computed_tokens > 0:                          # its load finished: it holds its blocks
+            self._located[rid] = (None, None, (), len(kvm.get_blocks(rid).blocks[0]), 0)
+            return r.num_computed_tokens, r.num_tokens - r.num_computed_tokens, None
+        if conn is None:
+            computed, context, _ = kvm.get_computed_blocks(r)
+            ext, load = 0, False
+        else:                                                  # local hit, then the connector's lookup
+            found = conn.lookup(r)
+            if found is None:
+                return None
+            computed, local, ext, load = found
+            context = local + ext
         hits = computed.blocks[0]
         if -(-r.num_tokens // self.block_size) - len(hits) > s._kv.cap:   # could never be held under the cap
             s._refuse(r)
             return None
-        self._located[rid] = (False, computed, hits, len(hits))
+        if load:                        # host-tier hit: blocks now, the load between steps, no compute now
+            need = -(-context // self.block_size) - len(hits)
+            if s._kv.prepare(need, self.now, {b.block_id for b in hits}) and conn.start_load(r, computed, local, ext):
+                s._kv.add(kvm.get_blocks(rid).blocks[0][len(hits):])
+                self.step.shadow_loads.append((rid, ext))
+            return None
+        self._located[rid] = (False, computed, hits, len(hits), ext)
         return context, r.num_tokens - context, None
 
     def allocate(self, r, context: int, n: int) -> bool:
         s, kvm, rid = self.s, self.s.kv_cache_manager, r.request_id
-        running, computed, hits, held = self._located.pop(rid)
+        running, computed, hits, held, ext = self._located.pop(rid)
         need = -(-(context + n) // self.block_size) - held
         if not s._kv.prepare(need, self.now, {b.block_id for b in hits}):  # line 11: free / cold, within the cap
             return False
-        if running:
+        if running or running is None:                 # running, or holding the blocks its load filled
             blocks = kvm.allocate_slots(r, n, num_lookahead_tokens=s.num_lookahead_tokens)
         else:
-            blocks = kvm.allocate_slots(r, n, num_new_computed_tokens=context, new_computed_blocks=computed,
+            blocks = kvm.allocate_slots(r, n, num_new_computed_tokens=context - ext, new_computed_blocks=computed,
                                         num_lookahead_tokens=s.num_lookahead_tokens, full_sequence_must_fit=False,
-                                        has_scheduled_reqs=True)
+                                        has_scheduled_reqs=True, num_external_computed_tokens=ext)
         if blocks is None:
             return False
         s._kv.add(blocks.blocks[0])
@@ -113,7 +138,8 @@ class _StepHost:
             self.running_now.append(r)
             self.new_blocks_of[rid] = blocks
         else:
-            s._admit(r, context, n, computed, self.out)
+            s._admit(r, context, n, computed, ext, loaded=running is None)
+            self.sync_load = self.sync_load or ext > 0
             (self.resumed_now if r.status == RequestStatus.PREEMPTED else self.new_now).append(r)
             self.new_blocks_of[rid] = kvm.get_blocks(rid)
             self.admitted.append(r)
@@ -138,8 +164,9 @@ class ShadowScheduler(Scheduler):
     cached blocks unless a non-shadow request hit them since (`shadow_kv.ShadowKV`). Non-shadow requests are
     scheduled by vLLM's own code. Configuration: `SHADOWPREFILL_VLLM` (see `config.py`).
 
-    Supported: one full-attention KV-cache group, no speculative decoding, no KV/EC connector, no pipeline
-    parallelism; synchronous or asynchronous scheduling, V1 or V2 model runner. Shadow requests with LoRA,
+    Supported: one full-attention KV-cache group, no speculative decoding, no EC connector, no KV connector
+    but vLLM's `OffloadingConnector` (the host tier, `connector.py`), no pipeline parallelism; synchronous or
+    asynchronous scheduling, V1 or V2 model runner. Shadow requests with LoRA,
     multimodal inputs, structured output, prompt embeddings or prompt logprobs run as ordinary requests.
     """
 
@@ -153,6 +180,9 @@ class ShadowScheduler(Scheduler):
         super().__init__(vllm_config, kv_cache_config, structured_output_manager, block_size, *args, **kwargs)
         self.shadow_config = cfg
         self._check_supported(vllm_config, kv_cache_config)
+        self._conn = ConnectorAdmission(self) if self.connector is not None else None   # host tier (connector.py)
+        self._hook = None                               # the shadow phase, run in vLLM's connector-meta hook
+        self._deferred_frees = DeferredShadowFrees()
         self._kv = ShadowKV(self.kv_cache_manager.block_pool,
                             int(cfg.shadow_fraction * (kv_cache_config.num_blocks - 1)), cfg.cold_age_s)
         self.predictor = make_predictor(vllm_config, cfg.n_min)
@@ -172,7 +202,7 @@ class ShadowScheduler(Scheduler):
         self._last_done = time.perf_counter()           # when the last step's output was processed
         self._step_no = 0
         self.totals = {"steps": 0, "shadow_tokens": 0, "budget_tokens": 0, "shadow_chunks": 0, "shadow_preempted": 0,
-                       "shadow_refused": 0, "shadow_superseded": 0}
+                       "shadow_refused": 0, "shadow_superseded": 0, "shadow_host_loads": 0}
         rank = vllm_config.parallel_config.data_parallel_rank
         path = cfg.stats_path
         if path is not None and vllm_config.parallel_config.data_parallel_size > 1:
@@ -197,8 +227,11 @@ class ShadowScheduler(Scheduler):
                    "or Mamba layers)")
         if self.num_spec_tokens or self.num_lookahead_tokens or self.num_prefill_lookahead:
             refuse("does not support speculative decoding")
-        if self.connector is not None or self.ec_connector is not None:
-            refuse("does not support KV or encoder-cache connectors")
+        problem = connector_problem(self)
+        if problem is not None:
+            refuse(problem)
+        if self.ec_connector is not None:
+            refuse("does not support encoder-cache connectors")
         if isinstance(self, AsyncScheduler) and not self.scheduler_config.async_scheduling:
             refuse("AsyncShadowScheduler needs vLLM's async scheduling; name ShadowScheduler (it picks the "
                    "synchronous or the asynchronous form itself)")
@@ -248,7 +281,10 @@ class ShadowScheduler(Scheduler):
         now = time.monotonic()
         self._kv.note_freed(blocks, now)
         if request.request_id in self._shadows:
-            self._kv.place_freed(blocks, now)
+            if self.defer_block_free and any(b.ref_cnt > 0 and not b.is_null for b in blocks):
+                self._deferred_frees.add(self.sched_step_seq, blocks)    # vLLM frees them after the fence
+            else:
+                self._kv.place_freed(blocks, now)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         ok = super().reset_prefix_cache(reset_running_requests, reset_connector)
@@ -262,31 +298,74 @@ class ShadowScheduler(Scheduler):
         shadows = self._shadows.values()
         if shadows:
             self._yield_to_waiting()
-        hidden = [r for r in shadows if r.status in _WAITING]
-        if hidden:
+        hidden = [r for r in shadows if r.status in _QUEUED]
+        if hidden and self._conn is None:
             self.waiting.remove_requests(hidden)
+        elif hidden:                                    # kv-holding: parked or finished host-tier loads
+            self.waiting.remove_requests([r for r in hidden if not self._holds_kv_blocks(r)])
+            self.kv_holding_waiting.remove_requests([r for r in hidden if self._holds_kv_blocks(r)])
         parked = []
         for r in shadows:
             if r.status == RequestStatus.RUNNING:     # vLLM skips a request for one call at this step mark
                 parked.append((r, r.next_decode_eligible_step))
                 r.next_decode_eligible_step = max(r.next_decode_eligible_step, self.current_step + 2)
+        ran: list = []
+        if self._conn is not None:      # connector: shadow chunks go in before vLLM builds the connector's meta
+            self._hook = lambda out: ran.append(self._hooked_phase(out, wall, hidden))
         try:
             out = super().schedule(throttle_prefills)
         except BaseException:
-            self.waiting.prepend_requests(hidden)
+            if not ran:
+                self._restore(hidden)
             raise
         finally:
+            self._hook = None
             for r, step in parked:
                 r.next_decode_eligible_step = step
-        if len(self._kv):
-            self._leave_shadow_class(out)
-        step = self._shadow_phase(out, wall, hidden)
+        if self._conn is not None:
+            if not ran:                 # vLLM built no connector meta: no shadow work this step
+                self._restore(hidden)
+                return out
+            step = ran[0]
+        else:
+            if len(self._kv):
+                self._leave_shadow_class(out)
+            step = self._shadow_phase(out, wall, hidden)
         step.t0 = t0
         if out.total_num_scheduled_tokens:
             self._steps[id(out)] = step
+        else:                           # not recorded: a step that only started host-tier loads
+            self.totals["shadow_host_loads"] += len(step.shadow_loads)
         if not out.total_num_scheduled_tokens and self._shadows:
             time.sleep(_IDLE_SLEEP_S)
         return out
+
+    def _build_kv_connector_meta(self, connector, scheduler_output):
+        """vLLM's hook at the end of `schedule()`: with a connector, the shadow phase runs here, so the
+        connector's metadata (host-tier stores of shadow blocks) and vLLM's `_update_after_schedule` both
+        see the shadow chunks."""
+        hook = self._hook
+        if hook is not None:
+            self._hook = None
+            hook(scheduler_output)
+        return super()._build_kv_connector_meta(connector, scheduler_output)
+
+    def _hooked_phase(self, out, wall: float, hidden: list) -> _Step:
+        normal_tokens = out.total_num_scheduled_tokens
+        if len(self._kv):
+            self._leave_shadow_class(out)
+        step = self._shadow_phase(out, wall, hidden, advanced=False)
+        if step.shadow_chunks and self.defer_block_free and not normal_tokens:
+            self.sched_step_seq += 1    # vLLM advances its free fence on non-empty steps, counted before shadows
+        return step
+
+    def _restore(self, rest) -> None:
+        """Hidden shadows not scheduled go back to vLLM's queues (kv-holding ones: parked loads)."""
+        if self._conn is None:
+            self.waiting.prepend_requests(rest)
+            return
+        self.waiting.prepend_requests([r for r in rest if not self._holds_kv_blocks(r)])
+        self.kv_holding_waiting.prepend_requests([r for r in rest if self._holds_kv_blocks(r)])
 
     def _yield_to_waiting(self) -> None:
         """A non-shadow request that waits must never wait for shadow KV or a shadow's sequence slot: preempt
@@ -294,7 +373,7 @@ class ShadowScheduler(Scheduler):
         running = [r for r in self._shadows.values() if r.status == RequestStatus.RUNNING]
         if not running:
             return
-        n_shadow_waiting = sum(r.status in _WAITING for r in self._shadows.values())
+        n_shadow_waiting = sum(r.status in _QUEUED for r in self._shadows.values())
         if len(self.waiting) + len(self.kv_holding_waiting) - n_shadow_waiting <= 0:
             return
         bs = self.block_size
@@ -302,7 +381,9 @@ class ShadowScheduler(Scheduler):
         for queue in (self.kv_holding_waiting, self.waiting):
             for r in queue:
                 if r.request_id not in self._shadows:
-                    need_blocks += -(-(r.num_tokens + 1) // bs)
+                    held = len(self.kv_cache_manager.get_blocks(r.request_id).blocks[0]) \
+                        if queue is self.kv_holding_waiting else 0            # e.g. a host-tier load's blocks
+                    need_blocks += max(0, -(-(r.num_tokens + 1) // bs) - held)
                     need_slots += 1
         pool = self.kv_cache_manager.block_pool
         running.sort(key=lambda r: (r.priority, r.arrival_time), reverse=True)
@@ -338,13 +419,14 @@ class ShadowScheduler(Scheduler):
                 kv.leave(ids, hit=False)
 
     # ------------------------------------------------------------------------------- Algorithm 1
-    def _view_of(self, out, wall: float, step: _Step, hidden_ids: set) -> IterationView:
-        """The routed/normal part of the step as the controller reads it (before shadow chunks)."""
+    def _view_of(self, out, wall: float, step: _Step, hidden_ids: set, advanced: bool = True) -> IterationView:
+        """The routed/normal part of the step as the controller reads it (before shadow chunks); `advanced`:
+        vLLM already advanced the requests' computed tokens by this step's (not yet, in the connector hook)."""
         cfg, ctl = self.shadow_config, self.controller
         decodes, prefills, routed = [], [], False
         for rid, n in out.num_scheduled_tokens.items():
             r = self.requests[rid]
-            before = r.num_computed_tokens - n
+            before = r.num_computed_tokens - n if advanced else r.num_computed_tokens
             first = self._first_token.get(rid)
             ttft = self._ttft_slo.get(rid)
             if ttft is None:
@@ -369,10 +451,10 @@ class ShadowScheduler(Scheduler):
                              num_tokens=out.total_num_scheduled_tokens, num_seqs=len(out.num_scheduled_tokens),
                              free_shadow_tokens=lambda limit: self._kv.available(limit // bs, now) * bs)
 
-    def _shadow_phase(self, out, wall: float, hidden: list) -> _Step:
+    def _shadow_phase(self, out, wall: float, hidden: list, advanced: bool = True) -> _Step:
         step = _Step()
-        step.output, step.wall, step.shadow_chunks, step.shadow_ids = out, wall, [], []
-        budget = self.controller.plan(self._view_of(out, wall, step, {r.request_id for r in hidden}))
+        step.output, step.wall, step.shadow_chunks, step.shadow_ids, step.shadow_loads = out, wall, [], [], []
+        budget = self.controller.plan(self._view_of(out, wall, step, {r.request_id for r in hidden}, advanced))
         step.budget = budget
         step.warm = self._slo_fixed and self.predictor.warm
         if step.warm:           # guardrails: a step's shadow tokens at most 2x the largest measured prefill step
@@ -391,31 +473,45 @@ class ShadowScheduler(Scheduler):
             if self._refused:
                 candidates = [r for r in candidates if r.request_id not in self._refused]
             candidates.sort(key=lambda r: (r.priority, r.arrival_time))
-            self._take(budget, allowance, candidates, out, step, admitted)
+            self._take(budget, allowance, candidates, out, step, admitted, merged=advanced)
         if hidden:
             chosen = set(map(id, admitted))
-            self.waiting.prepend_requests(r for r in hidden if id(r) not in chosen)
+            self._restore([r for r in hidden if id(r) not in chosen])
         return step
 
-    def _take(self, budget, allowance: int, candidates, out, step: _Step, admitted: list) -> None:
+    def _take(self, budget, allowance: int, candidates, out, step: _Step, admitted: list, merged: bool) -> None:
         """Line 15 (shadow.spend.spend_budget, the engine's function too): whole-block chunks for shadow requests
         in (priority, arrival) order within the budget and `allowance` tokens; one probe while t̂ is cold."""
         host = _StepHost(self, out, step, admitted)
         spend_budget(budget, candidates, host, limit=allowance, probe=not step.warm)
         if host.sched:
-            self._merge(out, host.sched, host.running_now, host.resumed_now, host.new_now, host.new_blocks_of)
+            self._merge(out, host.sched, host.running_now, host.resumed_now, host.new_now, host.new_blocks_of,
+                        advance=merged)
+            if host.sync_load:
+                out.has_sync_kv_loads = True
 
     def _refuse(self, r) -> None:
         if r.request_id not in self._refused:
             self._refused[r.request_id] = r
             self.totals["shadow_refused"] += 1
 
-    def _admit(self, r, context: int, n: int, computed, out) -> None:
-        """What vLLM's waiting loop does when it admits a request (text-only, no connector)."""
-        if r.prefill_stats and r.num_preemptions <= 0:
-            r.prefill_stats.set(num_prompt_tokens=r.num_prompt_tokens, num_local_cached_tokens=context,
-                                num_external_cached_tokens=0)
-        self.kv_cache_manager.record_prefix_cache_stats(r, context)
+    def _admit(self, r, context: int, n: int, computed, ext: int = 0, loaded: bool = False) -> None:
+        """What vLLM's waiting loop does when it admits a request (text-only): `ext` of the `context` tokens
+        come from the connector; `loaded`: its asynchronous load finished (no lookup, no stats again)."""
+        if not loaded:
+            if r.prefill_stats and r.num_preemptions <= 0:
+                r.prefill_stats.set(num_prompt_tokens=r.num_prompt_tokens, num_local_cached_tokens=context - ext,
+                                    num_external_cached_tokens=ext)
+            if self._conn is not None:
+                self._conn.after_alloc(r, context - ext, ext)
+            self.kv_cache_manager.record_prefix_cache_stats(r, context - ext)
+        elif self._conn is not None:
+            self._conn.conn.update_state_after_alloc(r, self.kv_cache_manager.get_blocks(r.request_id), 0)
+        if self._conn is not None:
+            self._conn.fetch_stage(r, None)
+        deferred = getattr(self, "deferred_waiting", None)
+        if deferred is not None:
+            deferred.discard(r)
         self.running.append(r)
         if self.log_stats:
             r.record_event(EngineCoreEventType.SCHEDULED, time.monotonic())
@@ -423,8 +519,9 @@ class ShadowScheduler(Scheduler):
         if context + n < r.num_tokens:
             self._inflight_prefills.add(r)
 
-    def _merge(self, out, sched, running_now, resumed_now, new_now, new_blocks_of) -> None:
-        """Add the shadow chunks to vLLM's step output, then advance them as vLLM advances its requests."""
+    def _merge(self, out, sched, running_now, resumed_now, new_now, new_blocks_of, advance: bool = True) -> None:
+        """Add the shadow chunks to vLLM's step output, then advance them as vLLM advances its requests
+        (`advance=False` in the connector hook: vLLM's own `_update_after_schedule` runs after it)."""
         if self.use_v2_model_runner:
             new_now, resumed_now = new_now + resumed_now, []
         for r in new_now:
@@ -447,6 +544,11 @@ class ShadowScheduler(Scheduler):
         out.total_num_scheduled_tokens += sum(sched.values())
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids.update(sched)
+        if not advance:
+            state = getattr(out, "kv_connector_block_state", None)
+            if state is not None:       # requests that may become connector jobs this step
+                state.req_ids.update(sched)
+            return
         part = copy.copy(out)
         part.num_scheduled_tokens, part.has_structured_output_requests = sched, False
         finished, preempted = self.finished_req_ids, self.reset_preempted_req_ids
@@ -456,6 +558,8 @@ class ShadowScheduler(Scheduler):
     # ------------------------------------------------------------------------------ after the step
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self.defer_block_free:
+            self._deferred_frees.drain(self.processed_step_seq, self._kv)
         if self._refused:
             self._finish_refused(outputs)
         step = self._steps.pop(id(scheduler_output), None)
@@ -528,6 +632,7 @@ class ShadowScheduler(Scheduler):
         t["budget_tokens"] += step.allowance
         t["shadow_chunks"] += len(step.shadow_chunks)
         t["shadow_preempted"] += step.preempted_shadows
+        t["shadow_host_loads"] += len(step.shadow_loads)
         if self._stats is None:
             return
         b, kv = step.budget, self._kv
@@ -545,6 +650,7 @@ class ShadowScheduler(Scheduler):
             "budget_scale": round(self.predictor.budget_scale, 6), "chunk_limit": self.predictor.chunk_limit(),
             "overruns": self.predictor.overruns,
             "shadow_superseded": t["shadow_superseded"], "shadow_refused": t["shadow_refused"],
+            "shadow_host_loads": [[i, n] for i, n in step.shadow_loads],
             "shadow_reqs": [[i, n, c] for i, (n, c) in zip(step.shadow_ids, step.shadow_chunks)]})
 
     def shutdown(self) -> None:
