@@ -323,15 +323,15 @@ async def switch_scenario(url: str, model: str, *, blocks: int = 20, block_size:
             "warm_tokens": warm["token_ids"], "cold_tokens": cold["token_ids"]}
 
 
-async def streamed_scenario(small_url: str, large_url: str, *, stream: bool, sessions: int = 3,
-                            prompt_len: int = 480, out_len: int = 544, new_tokens: int = 40, think_s: float = 0.1,
+async def streamed_scenario(small_url: str, large_url: str, *, stream: bool, sessions: int = 1, first: int = 0,
+                            prompt_len: int = 96, out_len: int = 176, new_tokens: int = 40, think_s: float = 0.1,
                             block_size: int = 32, seed: int = 11) -> dict:
     """Issue 21 item 3, through the manager (`shadowprefill.serve`) in front of `small` and `large`: per
     session, a streaming call on `small` (`out_len` tokens), then, `think_s` after it ends (an agent's tool
     step), its switch call on `large` (prompt + output + `new_tokens`). `stream`: the manager's streamed
     shadows (the shadow on `large` grows as the answer streams) or one whole request after the call. Each
     session's shadows carry `X-Request-Id` shadow-<tenant>.<session>-..., so the server's per-step stats
-    attribute shadow tokens to sessions."""
+    attribute shadow tokens to sessions. `first`: the first session's number (ids stay unique per server)."""
     from shadowprefill.serve.app_runner import AppThread
     from shadowprefill.serve.config import ManagerConfig
     from shadowprefill.serve.frontdoor import MANAGER_KEY, make_manager_app
@@ -348,7 +348,7 @@ async def streamed_scenario(small_url: str, large_url: str, *, stream: bool, ses
     try:
         async with httpx.AsyncClient(base_url=thread.url, timeout=TIMEOUT_S,
                                      headers={"Authorization": "Bearer key-s"}) as client:
-            for i in range(sessions):
+            for i in range(first, first + sessions):
                 sid = f"{tag}{i}"
                 head = {"X-Session-Id": sid}
                 prompt = ids(rng, prompt_len)
