@@ -187,7 +187,7 @@ class ShadowDispatcher:
                 try:
                     r = await self._post
                 except asyncio.CancelledError:
-                    if not self._abort:                     # the dispatcher itself is stopping
+                    if not self._abort or asyncio.current_task().cancelling():   # the dispatcher is stopping
                         raise
                     inst.stats["shadow_aborted_by_routed"] += 1
                     continue
