@@ -12,7 +12,7 @@ offers the call's prompt + response to the other models (all, or the top-1 / the
 prior); the control plane (`ControlPlane.plan_shadows` via the gateway) decides which instance of each
 gets it, if any, by expected benefit, and exactly those get it as lowest-priority shadow work with
 `max_tokens: 1` (`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache. With
-`shadow.stream` (default) the shadows also grow while the call runs: its prompt at once, then whole blocks of
+`shadow.stream` (recommended for vLLM servers) the shadows also grow while the call runs: its prompt at once, then whole blocks of
 prompt + output as the answer streams (`serve.shadow_stream`, §3.1). A session that
 has been idle for `session_idle_s` ends: the prior learns its route and its state is freed.
 
