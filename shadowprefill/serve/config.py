@@ -11,7 +11,7 @@
       "router": {"type": "request"},                # or {"type": "markov", "p": 0.3, "seed": 0}
       "api_keys": {"sk-team-a": "team-a"},          # key -> tenant; empty/absent: no auth, tenant ""
       "shadow": {"enabled": true, "priority": 1000, "targets": "all", "min_switch_prob": 0.0,
-                 "cost_ratio": 0.1, "poll_s": 0.05, "timeout_s": 120},
+                 "cost_ratio": 0.1, "poll_s": 0.05, "timeout_s": 120, "stream": false, "stream_tokens": 32},
       "connect_timeout_s": 2.0, "read_timeout_s": 300.0, "dead_retry_s": 5.0,
       "session_idle_s": 600.0,                      # a session idle this long has ended
       "tenant_cache_salt": null,                    # send cache_salt=<tenant>; null: on with > 1 tenant
@@ -37,6 +37,11 @@ gate (no shadow to a model less likely than this; 0 = off, the paper's Predictiv
 is freed).
 `shadow.cost_ratio`: the price of a second of shadow compute relative to a second of switch prefill saved
 (κ of `ControlPlane.plan_shadows`, which decides where and whether each shadow goes).
+`shadow.stream` (streamed shadows, paper §3.1): a session's shadow gets the call's prompt when the call
+starts and grows every `shadow.stream_tokens` output tokens as the answer streams, each time as a
+superseding request that resumes from the prefix the server cached (`serve.shadow_stream`); false: one
+whole request after the call completes (appendix D.1), the default until the built-in server's shadow path
+is checked with it; turn it on for vLLM servers (measured in docs/vllm-plugin.md).
 `shadow.priority` is the lowest class the servers know: vLLM runs lower integers first, the built-in
 server maps values >= its shadow threshold (default 1000) to shadow jobs.
 """
@@ -126,6 +131,8 @@ class ShadowConfig:
     cost_ratio: float = 0.1
     poll_s: float = 0.05
     timeout_s: float = 120.0
+    stream: bool = False           # §3.1 streamed shadows (vLLM servers: turn on; see docs/vllm-plugin.md)
+    stream_tokens: int = 32        # ... every this many output tokens (the servers' KV block size)
 
     def __post_init__(self) -> None:
         if self.targets not in ("all", "top1"):
@@ -141,6 +148,11 @@ class ShadowConfig:
         for name in ("poll_s", "timeout_s"):
             if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
                 raise ValueError(f"shadow.{name} must be a number > 0, got {getattr(self, name)!r}")
+        if not isinstance(self.stream, bool):
+            raise TypeError(f"shadow.stream must be true or false, got {self.stream!r}")
+        n = self.stream_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"shadow.stream_tokens must be an int >= 1, got {n!r}")
 
 
 @dataclass

@@ -11,7 +11,9 @@ place it, forwards the request and streams the answer back unchanged. After the 
 offers the call's prompt + response to the other models (all, or the top-1 / the gated ones by next-model
 prior); the control plane (`ControlPlane.plan_shadows` via the gateway) decides which instance of each
 gets it, if any, by expected benefit, and exactly those get it as lowest-priority shadow work with
-`max_tokens: 1` (`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache. A session that
+`max_tokens: 1` (`ShadowDispatcher`), so a later switch finds its history in that model's prefix cache. With
+`shadow.stream` (recommended for vLLM servers) the shadows also grow while the call runs: its prompt at once, then whole blocks of
+prompt + output as the answer streams (`serve.shadow_stream`, §3.1). A session that
 has been idle for `session_idle_s` ends: the prior learns its route and its state is freed.
 
 Failure handling: connection failures before the first byte of an answer mark the instance down and fall
@@ -43,6 +45,7 @@ from shadowprefill.serve.gateway_live import GatewayPrompt, LiveGateway, option_
 from shadowprefill.serve.metrics import ServeCall, summarize_by_policy
 from shadowprefill.serve.sessions import LiveRouter, extends, shadow_body
 from shadowprefill.serve.shadow_dispatch import upstream_headers
+from shadowprefill.serve.shadow_stream import ShadowStream
 from shadowprefill.serve.upstream import HttpInstance
 
 _UPSTREAM_ERRORS = (httpx.TransportError, OSError)
@@ -64,6 +67,8 @@ class _Answer:
     def __init__(self, on_first=None) -> None:
         self.text: list[str] = []
         self.ids: list[int] = []
+        self.n_out = 0                                         # output tokens so far (ids, else text chunks)
+        self.on_grow = None                                    # streamed shadows (serve.shadow_stream)
         self.usage: dict | None = None
         self.first_token: float | None = None
         self.on_first = on_first
@@ -80,10 +85,13 @@ class _Answer:
             if part:
                 self.text.append(part)
             self.ids.extend(ids)
+            self.n_out += len(ids) if ids else bool(part)      # vLLM streams one token per text chunk
             if (part or ids) and self.first_token is None and streamed:
                 self.first_token = time.monotonic()
                 if self.on_first is not None:
                     self.on_first()
+            if self.on_grow is not None and (part or ids):
+                self.on_grow(self)
 
     @property
     def cached_tokens(self) -> int | None:
@@ -218,6 +226,7 @@ class Manager:
             state.last_active = arrival
         answer = _Answer()
         status, error, out, history, ticket, rec, plan = 200, None, None, None, None, None, None
+        streamer = None
         try:
             try:
                 ticket = self.core.submit_call(session_id, None, model, placed_prompt, tenant=tenant,
@@ -225,6 +234,8 @@ class Manager:
             except NoLiveInstance:
                 pass
             placed = ticket is not None
+            if placed and state is not None and ticket.deferred and self.config.shadow.stream and state.append_only:
+                streamer = self._stream_shadows(state, ticket, kind, path, prompt, answer, stream)
             while placed:
                 rec = self._describe(ticket.instance, answer, tenant, session_id, placed_prompt, state, decision, auto)
                 status, error, out, retry = await self._send(request, ticket, answer, stream, chat, client_usage,
@@ -260,6 +271,8 @@ class Manager:
                                  started=arrival)
                     except Exception:  # noqa: BLE001 - learning never fails a call
                         log.exception("gateway learning failed")
+            if streamer is not None:
+                await streamer.close()
             if state is not None and status == 200 and error is None:
                 response = answer.ids if _is_token_ids(prompt) else "".join(answer.text)
                 history = self._completed(state, ticket, kind, path, prompt, response)
@@ -270,6 +283,8 @@ class Manager:
                     except Exception:  # noqa: BLE001 - a planning failure: the core's shadow homes, as before
                         log.exception("shadow planning failed; the core's shadow homes")
         finally:                        # also when the client went away: the session may expire, the core forgets
+            if streamer is not None:
+                streamer.abandon()
             if state is not None:
                 state.calls_in_flight -= 1
                 state.last_active = time.monotonic()
@@ -278,6 +293,22 @@ class Manager:
                 if plan is not None:
                     self._dispatch_shadows(state, plan, history, rec, out)
         return out
+
+    def _stream_shadows(self, state: SessionState, ticket, kind: str, path: str, prompt, answer: _Answer,
+                        stream: bool) -> ShadowStream:
+        """Streamed shadows of this call (§3.1, `serve.shadow_stream`): its prompt now, and (a streamed
+        answer) prompt + output so far every `shadow.stream_tokens` output tokens."""
+        ids = _is_token_ids(prompt)
+
+        def body_of(response):
+            return self._shadow_request(state, kind, path, prompt, response if response is not None else
+                                        ([] if ids else ""))
+
+        s = ShadowStream(self, state, ticket.deferred, body_of, self.config.shadow.stream_tokens)
+        s.start()
+        if stream:
+            answer.on_grow = lambda a: s.grow(a.n_out, lambda: list(a.ids) if ids else "".join(a.text))
+        return s
 
     def _dispatch_shadows(self, state: SessionState, plan: list, history, rec: dict | None, out) -> None:
         """Carry out the control plane's shadow decision: exactly the chosen (model, instance) get the
@@ -483,6 +514,10 @@ class Manager:
         request (path, body) that makes another model's server hold the next call's prefix (None: none)."""
         ticket.instance.holds(state.key, shadow_body(kind, prompt, response, True))
         state.last_prompt, state.last_response = prompt, response
+        return self._shadow_request(state, kind, path, prompt, response)
+
+    def _shadow_request(self, state: SessionState, kind: str, path: str, prompt, response):
+        """(path, body) of the shadow request for prompt + response (None: no shadow form)."""
         base = shadow_body(kind, prompt, response, state.append_only)
         if base is None:
             return None

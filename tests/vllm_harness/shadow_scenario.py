@@ -323,6 +323,68 @@ async def switch_scenario(url: str, model: str, *, blocks: int = 20, block_size:
             "warm_tokens": warm["token_ids"], "cold_tokens": cold["token_ids"]}
 
 
+async def streamed_scenario(small_url: str, large_url: str, *, stream: bool, sessions: int = 1, first: int = 0,
+                            prompt_len: int = 96, out_len: int = 176, new_tokens: int = 40, think_s: float = 0.1,
+                            block_size: int = 32, seed: int = 11) -> dict:
+    """Issue 21 item 3, through the manager (`shadowprefill.serve`) in front of `small` and `large`: per
+    session, a streaming call on `small` (`out_len` tokens), then, `think_s` after it ends (an agent's tool
+    step), its switch call on `large` (prompt + output + `new_tokens`). `stream`: the manager's streamed
+    shadows (the shadow on `large` grows as the answer streams) or one whole request after the call. Each
+    session's shadows carry `X-Request-Id` shadow-<tenant>.<session>-..., so the server's per-step stats
+    attribute shadow tokens to sessions. `first`: the first session's number (ids stay unique per server)."""
+    from shadowprefill.serve.app_runner import AppThread
+    from shadowprefill.serve.config import ManagerConfig
+    from shadowprefill.serve.frontdoor import MANAGER_KEY, make_manager_app
+
+    config = ManagerConfig.from_dict({
+        "models": {"small": [{"url": small_url, "served_model_name": "small"}],
+                   "large": [{"url": large_url, "served_model_name": "large"}]},
+        "api_keys": {"key-s": "tenant-s"}, "tenant_cache_salt": True, "read_timeout_s": TIMEOUT_S,
+        "shadow": {"stream": stream, "stream_tokens": block_size, "poll_s": 0.02, "timeout_s": TIMEOUT_S}})
+    thread = AppThread(lambda: make_manager_app(config)).start()
+    rng = random.Random(seed + (1 if stream else 0))
+    tag = "streamed" if stream else "whole"
+    out = []
+    try:
+        async with httpx.AsyncClient(base_url=thread.url, timeout=TIMEOUT_S,
+                                     headers={"Authorization": "Bearer key-s"}) as client:
+            for i in range(first, first + sessions):
+                sid = f"{tag}{i}"
+                head = {"X-Session-Id": sid}
+                prompt = ids(rng, prompt_len)
+                body = {"model": "small", "prompt": prompt, "max_tokens": out_len, "stream": True,
+                        "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+                t0 = time.time()
+                out_ids: list[int] = []
+                async with client.stream("POST", "/v1/completions", json=body, headers=head) as r:
+                    r.raise_for_status()
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            for c in json.loads(line[6:]).get("choices") or ():
+                                out_ids.extend(c.get("token_ids") or ())
+                t1 = time.time()
+                await asyncio.sleep(think_s)
+                context = prompt + out_ids
+                r = await client.post("/v1/completions", headers=head, json={
+                    "model": "large", "prompt": context + ids(rng, new_tokens), "max_tokens": 1,
+                    "temperature": 0.0, "ignore_eos": True})
+                r.raise_for_status()
+                usage = r.json()["usage"]
+                t2 = time.time()
+                idle = (await client.post("/manager/wait-shadows?timeout=120", timeout=TIMEOUT_S)).json()["idle"]
+                out.append({"session": sid, "shadow_id": f"shadow-tenant-s.{sid}-", "context": len(context),
+                            "output_tokens": len(out_ids), "cached_tokens": cached_of(usage),
+                            "prompt_tokens": usage["prompt_tokens"], "call_start": t0, "call_end": t1,
+                            "switch_at": t2, "shadows_idle": idle})
+        stats = thread.app[MANAGER_KEY].summary()["instances"][large_url]
+    finally:
+        thread.stop()
+    whole = [s["context"] // block_size * block_size for s in out]
+    return {"stream": stream, "block_size": block_size, "think_s": think_s, "sessions": out,
+            "covered": sum(s["cached_tokens"] >= w for s, w in zip(out, whole)),
+            "manager_stats": {k: v for k, v in stats.items() if k.startswith("shadow")}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=("itl", "evict", "yield", "promote", "switch"))

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.vllm_harness.shadow_scenario import (cap_scenario, evict_scenario, itl_scenario, promote_scenario,
-                                                switch_scenario, yield_scenario)
+                                                streamed_scenario, switch_scenario, yield_scenario)
 
 EPS = 1e-9
 
@@ -48,7 +48,8 @@ def stats(name: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def report():
-    rep = {"stock": {k: json.loads(Path(v).read_text()) for k, v in PEERS["stock"].items()}, "plugin": {}}
+    rep = {"stock": {k: json.loads(Path(v).read_text()) for k, v in PEERS.get("stock", {}).items()
+                     if Path(v).exists()}, "plugin": {}}
     yield rep
     if os.environ.get("SP_SHADOW_REPORT"):
         Path(os.environ["SP_SHADOW_REPORT"]).write_text(json.dumps(rep, indent=1))
@@ -143,6 +144,52 @@ def yielded(report, promoted):
     report["plugin"]["yield"] = result = asyncio.run(yield_scenario(p["url"], p["model"], block_size=BS,
                                                                     decoding=shadow_decodes))
     return result
+
+
+STREAM_ROUNDS = 2
+
+
+@pytest.fixture(scope="module")
+def streamed(report):
+    """Issue 21 item 3 through the manager on the plugin's `small` and `large` servers: per round, one
+    session with whole-request shadows after the call, then one with streamed shadows (alternating, so
+    both meet the same server state). Shadow tokens per session come from `large`'s stats file."""
+    small, large = PEERS["plugin"]["small"], PEERS["plugin"]["large"]
+    runs, t_start = [], time.time()
+    for i in range(STREAM_ROUNDS):
+        for stream in (False, True):
+            runs.append(asyncio.run(streamed_scenario(small["url"], large["url"], stream=stream, first=i,
+                                                      seed=11 + 10 * i, block_size=BS)))
+    rows = [r for r in stats("large") if r["t"] >= t_start]
+    sessions = []
+    for r in runs:
+        for s in r["sessions"]:
+            steps = [(row["t"], n) for row in rows for rid, n, _ in row["shadow_reqs"] if s["shadow_id"] in rid]
+            sessions.append({**s, "stream": r["stream"], "shadow_tokens": sum(n for _, n in steps),
+                             "shadow_tokens_before_call_end": sum(n for t, n in steps if t < s["call_end"]),
+                             "covered": s["cached_tokens"] >= s["context"] // BS * BS})
+    result = {"sessions": sessions, "manager_stats": [r["manager_stats"] for r in runs],
+              "covered": {mode: sum(s["covered"] for s in sessions if s["stream"] == (mode == "streamed"))
+                          for mode in ("whole", "streamed")}}
+    report["plugin"]["streamed"] = result
+    return result
+
+
+def test_streamed_shadows_cover_the_switch_calls_whole_blocks_more_often(streamed):
+    """§3.1: the shadow grows while the answer streams, so when the switch call comes right after the call
+    its context's whole blocks are cached more often than with one whole request sent after the call."""
+    cov = streamed["covered"]
+    assert cov["streamed"] > cov["whole"], streamed["sessions"]
+    for s in streamed["sessions"]:
+        assert s["shadows_idle"] and 0 <= s["cached_tokens"] <= s["prompt_tokens"], s
+        if s["stream"]:                                   # it grew before the call ended
+            assert s["shadow_tokens_before_call_end"] > 0, s
+
+
+def test_shadow_tokens_per_session_stay_within_context_plus_one_block(streamed):
+    """Counted from the plugin's per-step stats (not the manager): each block is computed once."""
+    for s in streamed["sessions"]:
+        assert s["shadow_tokens"] <= s["context"] + BS, s
 
 
 # ------------------------------------------------------------------- the issue-21 reproduction (T = 30 ms)
