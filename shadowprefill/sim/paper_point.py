@@ -7,8 +7,9 @@ Which of them are inputs and which are outcomes (docs/paper-comparison.md, secti
   simulated deployment at ρ of *its own* capacity, which the paper does not print. Ours stay the default;
   `--capacity paper` runs the testbed's numbers instead (ρ × 12.8 req/s on Qwen2.5-7B, ...).
 - the agentic session rate of the simulation: not in the paper's text (appendix D.1 gives the testbed's,
-  0.05/s on FusionBench, which `WorkloadSpec.session_rate` uses). `EAGER_SESSION_RATE` is the rate at which
-  our Eager baseline slows LLM calls as the paper's does (§5.2); `--session-rate eager` runs it.
+  0.05/s on FusionBench, which `WorkloadSpec.session_rate` uses). It decides Eager's sign here; no rate in
+  0.05-0.2/s makes our FusionBench-like Eager slow LLM calls by the paper's 7.0%, so none is calibrated
+  (docs/paper-comparison.md, "Eager against the agentic load").
 - hit rates, cold switch-call time, switch / same-model ratio, Host Tier alone, Eager's slowdown:
   outcomes of the paper's cluster, compared in `bench/paper_comparison.py`, not fitted.
 """
@@ -37,13 +38,6 @@ PAPER_OBSERVABLES = {
     },
 }
 
-# Sessions/s at which Eager (shadows as normal-priority requests) slows LLM calls against No Shadow by about
-# the paper's 7.0% (FusionBench-like) and 3.2% (GHCP-like), headline pair, seed 0, peak window, 300 s after
-# 60 s; measured in docs/paper-comparison.md section 2 ("Eager against the agentic load"). One run per rate:
-# the calibration is good to the noise of one run (a few points).
-EAGER_SESSION_RATE = {"fusionbench": None, "ghcp-coding": None}
-
-
 def paper_group(workload: str) -> str:
     """"ghcp" or "benchmarks": which of the paper's reported means a workload is compared with."""
     return "ghcp" if workload.startswith("ghcp") else "benchmarks"
@@ -53,12 +47,3 @@ def paper_capacity() -> dict:
     """`--capacity paper`: the testbed's capacities (requests/s per instance) for the models it names;
     other models keep ours (the paper gives none for them)."""
     return dict(PAPER_TESTBED_CAPACITY)
-
-
-def eager_session_rate(workload: str) -> float:
-    """`--session-rate eager`: the calibrated rate of `workload` (ValueError naming --session-rate if none)."""
-    rate = EAGER_SESSION_RATE.get(workload)
-    if rate is None:
-        raise ValueError(f"--session-rate eager: no calibrated rate for workload {workload!r}; "
-                         f"calibrated: {sorted(w for w, r in EAGER_SESSION_RATE.items() if r is not None)}")
-    return rate

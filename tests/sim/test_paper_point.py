@@ -10,8 +10,7 @@ import pytest
 
 from shadowprefill.model.catalog import resolve_name
 from shadowprefill.sim.args import parse_capacity
-from shadowprefill.sim.paper_point import (EAGER_SESSION_RATE, PAPER_OBSERVABLES, PAPER_TESTBED_CAPACITY,
-                                           eager_session_rate, paper_group)
+from shadowprefill.sim.paper_point import PAPER_OBSERVABLES, PAPER_TESTBED_CAPACITY, paper_group
 from shadowprefill.sim.study import METRICS, aggregate_pairs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
@@ -27,17 +26,10 @@ def test_capacity_paper_is_the_testbed_table_by_catalog_name():
         parse_capacity("papers")
 
 
-def test_eager_session_rate_is_calibrated_or_refused():
-    for w, rate in EAGER_SESSION_RATE.items():
-        if rate is None:
-            with pytest.raises(ValueError, match="--session-rate"):
-                eager_session_rate(w)
-        else:
-            assert eager_session_rate(w) == rate > 0
-    with pytest.raises(ValueError, match="--session-rate"):
-        eager_session_rate("no-such-workload")
+def test_paper_groups_and_observables():
     assert paper_group("ghcp-coding") == "ghcp" and paper_group("fusionbench") == "benchmarks"
     assert set(PAPER_OBSERVABLES["ghcp"]) == set(PAPER_OBSERVABLES["benchmarks"])
+    assert PAPER_OBSERVABLES["ghcp"]["eager_llm"] < 0 and PAPER_OBSERVABLES["benchmarks"]["eager_llm"] < 0
 
 
 def _study(rng, seeds, windows, duration=600.0, pairs=(("Qwen2.5-7B", "Llama-3.1-70B"),)):
