@@ -39,8 +39,11 @@ def observables(study: dict) -> list[str]:
             "LLM-call cut (%) |", "|---|---|---|---|---|---|---|---|---|"]
     for w, pol in study["aggregate"].items():
         paper = PAPER_OBSERVABLES[paper_group(w)]
+        pairs = study.get("per_pair", {}).get(w, {})
+        n_pairs = len(pairs) or 1
+        if len(pairs) == 1:          # one pair: its own aggregate (± SE over runs, not over pairs)
+            pol = next(iter(pairs.values()))
         base = pol["no-shadow"]
-        n_pairs = len(study.get("per_pair", {}).get(w, {})) or 1
         runs = sum(c["workload"] == w for c, _ in study["runs"]) // n_pairs
 
         def p(v):
