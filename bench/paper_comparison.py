@@ -15,16 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from shadowprefill.cluster.workloads import TABLE1  # noqa: E402
 from shadowprefill.sim.metrics import CONTEXT_BINS, TARGET_BINS  # noqa: E402
+from shadowprefill.sim.paper_point import PAPER_OBSERVABLES, PAPER_TESTBED_CAPACITY, paper_group  # noqa: E402
 from shadowprefill.sim.study import PAPER_BREAKDOWN, _paper_value  # noqa: E402
 
-# The paper's baseline observables, from its text (None: the text gives no number).
-PAPER_OBSERVABLES = {
-    "benchmarks": {"no_shadow_hit_rate": 75.0, "cold_switch_s": None, "switch_same_ratio": "3.2 (xRouteBench)",
-                   "host_tier_llm": 0.4, "eager_llm": -7.0},
-    "ghcp": {"no_shadow_hit_rate": 55.4, "cold_switch_s": 19.0, "switch_same_ratio": "1.5",
-             "host_tier_llm": 8.1, "eager_llm": -3.2},
-}
 RED = "llm_call_latency_mean_s_reduction_pct"
 SW = "switch_call_latency_mean_s_reduction_pct"
 
@@ -42,17 +37,21 @@ def observables(study: dict) -> list[str]:
     rows = ["| workload | pairs × runs | No Shadow hit rate (%) | cold switch call (s) | same-model call (s) | "
             "switch / same-model | Host Tier LLM-call cut (%) | Eager LLM-call cut (%) | Harvest-SLO+Host "
             "LLM-call cut (%) |", "|---|---|---|---|---|---|---|---|---|"]
-    spec = study["spec"]
     for w, pol in study["aggregate"].items():
-        paper = PAPER_OBSERVABLES["ghcp" if w.startswith("ghcp") else "benchmarks"]
+        paper = PAPER_OBSERVABLES[paper_group(w)]
+        pairs = study.get("per_pair", {}).get(w, {})
+        n_pairs = len(pairs) or 1
+        if len(pairs) == 1:          # one pair: its own aggregate (± SE over runs, not over pairs)
+            pol = next(iter(pairs.values()))
         base = pol["no-shadow"]
-        n_pairs = len(study.get("per_pair", {}).get(w, {})) or 1
-        runs = len(spec["seeds"]) * len(spec["windows"])
+        runs = sum(c["workload"] == w for c, _ in study["runs"]) // n_pairs
 
         def p(v):
             return "" if v is None else f" ({v})"
+        t1 = TABLE1.get(w)     # Table 1: this workload's No Shadow hit rate (the group's mean otherwise)
+        hit = f"{100 * t1.hit_rate:.1f}, Table 1" if t1 else paper["no_shadow_hit_rate"]
         rows.append(
-            f"| {w} | {n_pairs} × {runs} | {_fmt(base['hit_rate'], 100)}{p(paper['no_shadow_hit_rate'])} | "
+            f"| {w} | {n_pairs} × {runs} | {_fmt(base['hit_rate'], 100)}{p(hit)} | "
             f"{_fmt(base['switch_call_latency_mean_s'], digits=2)}{p(paper['cold_switch_s'])} | "
             f"{_fmt(base['same_model_call_latency_mean_s'], digits=2)} | "
             f"{_fmt(base['switch_same_ratio'], digits=2)}{p(paper['switch_same_ratio'])} | "
@@ -60,6 +59,28 @@ def observables(study: dict) -> list[str]:
             f"{_fmt(pol['eager'][RED]) if 'eager' in pol else 'not run'}{p(paper['eager_llm'])} | "
             f"{_fmt(pol['harvest-slo+host'][RED]) if 'harvest-slo+host' in pol else 'not run'}"
             f"{p(_paper_value(w, RED, 'harvest-slo+host'))} |")
+    return rows
+
+
+def capacities(study: dict) -> list[str]:
+    """Our per-instance capacities of the models run (shipped, or calibrated once) beside the paper's testbed
+    numbers (appendix D.1) where it gives one."""
+    from shadowprefill.model.catalog import get_model
+    from shadowprefill.model.latency import LatencyModel
+    from shadowprefill.sim.capacity import normal_rates
+    from shadowprefill.sim.experiment import Experiment, sim_config
+    rows = ["| model (TP) | ours (req/s) | paper testbed (req/s) | ours / paper |", "|---|---|---|---|"]
+    seen = {}
+    for config, _ in study["runs"]:
+        for m in config["models"]:
+            seen.setdefault(m, config)
+    for m, config in seen.items():
+        cfg = sim_config(Experiment(workload=config["workload"], models=tuple(config["models"])))
+        cap = normal_rates([m], cfg, 1.0)[1][m]
+        paper = PAPER_TESTBED_CAPACITY.get(m)
+        tp = LatencyModel(m, cfg.gpu, tp=cfg.tp.get(m)).tp
+        rows.append(f"| {get_model(m).label} ({tp}) | {cap:.2f} | "
+                    + (f"{paper} | {cap / paper:.2f} |" if paper else "– | |"))
     return rows
 
 
@@ -122,11 +143,22 @@ def merge(studies: list[dict]) -> dict:
                 raise ValueError("cannot drop policies from a run in which some policy left sessions unfinished")
     runs = [(config, {p: summaries[p] for p in policies}) for st in studies for config, summaries in st["runs"]]
     spec = dict(studies[0]["spec"], policies=policies)
-    for st in studies[1:]:
-        for key in ("seeds", "windows", "warmup_s", "session_rate"):
-            if st["spec"][key] != spec[key]:
-                raise ValueError(f"cannot merge studies with different {key}: {spec[key]} vs {st['spec'][key]}")
+    for st in studies[1:]:    # seeds and windows may differ (one invocation per seed or window): pooled
+        for key in ("warmup_s", "session_rate", "rho", "admission"):
+            if st["spec"].get(key) != spec.get(key):
+                raise ValueError(f"cannot merge studies with different {key}: {spec.get(key)} vs {st['spec'].get(key)}")
         spec["duration_s"] = {**spec["duration_s"], **st["spec"]["duration_s"]}
+        spec["seeds"] = sorted(set(spec["seeds"]) | set(st["spec"]["seeds"]))
+        spec["windows"] = [w for w in ("peak", "median", "trough") if w in set(spec["windows"]) | set(st["spec"]["windows"])]
+    seen, durations = set(), {}
+    for config, _ in runs:
+        if durations.setdefault(config["workload"], config["duration_s"]) != config["duration_s"]:
+            raise ValueError(f"cannot merge {config['workload']} runs of different durations: "
+                             f"{durations[config['workload']]} vs {config['duration_s']}")
+        key = (config["workload"], tuple(config["models"]), config["seed"], config["window"])
+        if key in seen:
+            raise ValueError(f"the same run twice in the merged studies: {key}")
+        seen.add(key)
     by_pair = aggregate_pairs(runs)
     return {"spec": spec, "runs": runs, "aggregate": by_pair["means"], "per_pair": by_pair["per_pair"],
             "breakdown": breakdown(runs), "wall_s": sum(st["wall_s"] for st in studies)}
@@ -146,6 +178,8 @@ def main() -> None:
               f"{s['warmup_s']} s, session rate {s['session_rate']}, policies {s['policies']}, "
               f"wall {study['wall_s'] / 60:.1f} min\n")
         print("\n".join(observables(study)))
+        print()
+        print("\n".join(capacities(study)))
         print("\n".join(per_pair(study)))
         print("\n".join(breakdowns(study)))
 

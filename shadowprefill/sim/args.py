@@ -38,9 +38,13 @@ def check_ray(args) -> bool:
 
 
 def parse_capacity(text: str | None) -> dict:
-    """`MODEL=REQ_S[,MODEL=REQ_S]` -> {catalog name: rate} (ValueError naming a bad item)."""
+    """`MODEL=REQ_S[,MODEL=REQ_S]` -> {catalog name: rate} (ValueError naming a bad item); `paper`: the
+    paper's testbed capacities (appendix D.1, `sim.paper_point`) for the models it names."""
     if not text:
         return {}
+    if text.strip() == "paper":
+        from shadowprefill.sim.paper_point import paper_capacity
+        return paper_capacity()
     from shadowprefill.model.catalog import resolve_name
     out = {}
     for item in comma_list(text):

@@ -90,7 +90,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="normal-traffic request lengths: Azure conversation or code trace")
     p.add_argument("--session-rate", type=positive_float, help="sessions per second (default: the workload's)")
     p.add_argument("--capacity", help="per-instance capacity override, MODEL=REQ_S[,MODEL=REQ_S] (skips "
-                   "calibration; default: shipped or calibrated)")
+                   "calibration), or 'paper': the paper's testbed capacities (appendix D.1) for Qwen2.5-7B, "
+                   "Llama-3.1-8B and Llama-3.1-70B (default: shipped or calibrated)")
     p.add_argument("--shadow-targets", choices=("all", "top1"), default="all",
                    help="shadow every other model, or only the most likely next one")
     p.add_argument("--max-drain", type=nonneg_float, default=3600.0,

@@ -496,8 +496,9 @@ def register(subparsers) -> None:
                    help=f"comma-separated, must include no-shadow ({', '.join(POLICIES)})")
     p.add_argument("--all-policies", action="store_true",
                    help="all ten policies of Table 2 (overrides --policies) and the Figure 4 chart of them")
-    p.add_argument("--capacity", help="per-instance capacity, MODEL=REQ_S[,MODEL=REQ_S] (skips calibration; the "
-                                      "paper's testbed: Qwen2.5-7B=12.8,Llama-3.1-70B=3.8)")
+    p.add_argument("--capacity", help="per-instance capacity, MODEL=REQ_S[,MODEL=REQ_S] (skips calibration), or "
+                                      "'paper': the paper's testbed capacities (appendix D.1; Qwen2.5-7B=12.8,"
+                                      "Llama-3.1-8B=11.0,Llama-3.1-70B=3.8)")
     p.add_argument("--jobs", type=positive_int, help="parallel processes (default: CPU count)")
     p.add_argument("--out", default="demo_out", help="directory for study.json and the figures")
     add_admission_argument(p)

@@ -1,0 +1,76 @@
+"""The paper's operating point (sim/paper_point.py) and the pooling of demo outputs in
+bench/paper_comparison.py (one invocation per seed or window, merged)."""
+import math
+import pathlib
+import random
+import statistics
+import sys
+
+import pytest
+
+from shadowprefill.model.catalog import resolve_name
+from shadowprefill.sim.args import parse_capacity
+from shadowprefill.sim.paper_point import PAPER_OBSERVABLES, PAPER_TESTBED_CAPACITY, paper_group
+from shadowprefill.sim.study import METRICS, aggregate_pairs
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+
+
+def test_capacity_paper_is_the_testbed_table_by_catalog_name():
+    caps = parse_capacity("paper")
+    assert caps == {"Qwen2.5-7B": 12.8, "Llama-3.1-8B": 11.0, "Llama-3.1-70B": 3.8}
+    assert caps is not PAPER_TESTBED_CAPACITY                    # a copy: callers may edit theirs
+    assert all(resolve_name(m) == m for m in caps)
+    assert parse_capacity("Q2.5-7B=3.5") == {"Qwen2.5-7B": 3.5}
+    with pytest.raises(ValueError, match="--capacity"):
+        parse_capacity("papers")
+
+
+def test_paper_groups_and_observables():
+    assert paper_group("ghcp-coding") == "ghcp" and paper_group("fusionbench") == "benchmarks"
+    assert set(PAPER_OBSERVABLES["ghcp"]) == set(PAPER_OBSERVABLES["benchmarks"])
+    assert PAPER_OBSERVABLES["ghcp"]["eager_llm"] < 0 and PAPER_OBSERVABLES["benchmarks"]["eager_llm"] < 0
+
+
+def _study(rng, seeds, windows, duration=600.0, pairs=(("Qwen2.5-7B", "Llama-3.1-70B"),)):
+    runs = []
+    for models in pairs:
+        for s in seeds:
+            for w in windows:
+                summaries = {}
+                for p in ("no-shadow", "harvest-slo+host", "oracle+host"):
+                    summaries[p] = {k: rng.uniform(-5, 30) for k, _ in METRICS}
+                    summaries[p].update(num_switch_calls=rng.randint(5, 40), sessions_unfinished=0)
+                runs.append(({"workload": "fusionbench", "models": list(models), "seed": s, "window": w,
+                              "duration_s": duration}, summaries))
+    spec = {"seeds": list(seeds), "windows": list(windows), "warmup_s": 120.0, "session_rate": None, "rho": 0.7,
+            "admission": "fcfs", "duration_s": {"fusionbench": duration},
+            "policies": ["no-shadow", "harvest-slo+host", "oracle+host"]}
+    return {"spec": spec, "runs": runs, "wall_s": 1.0}
+
+
+def test_merge_pools_seeds_as_one_study_would():
+    from paper_comparison import merge
+    rng = random.Random(25)
+    parts = [_study(rng, [s], ["peak", "median", "trough"]) for s in (0, 1, 2)]
+    merged = merge(parts)
+    assert merged["spec"]["seeds"] == [0, 1, 2] and len(merged["runs"]) == 9
+    key = "switch_call_latency_mean_s_reduction_pct"
+    xs = [s["harvest-slo+host"][key] for part in parts for _, s in part["runs"]]
+    m, se, n = merged["per_pair"]["fusionbench"]["Q2.5-7B/L3.1-70B"]["harvest-slo+host"][key]
+    assert n == 9 and m == pytest.approx(statistics.fmean(xs))
+    assert se == pytest.approx(statistics.stdev(xs) / math.sqrt(9))
+    assert merged["aggregate"] == aggregate_pairs(merged["runs"])["means"]
+
+
+def test_merge_refuses_a_run_twice_or_mixed_lengths():
+    from paper_comparison import merge
+    rng = random.Random(3)
+    with pytest.raises(ValueError, match="twice"):
+        merge([_study(rng, [0], ["peak"]), _study(rng, [0], ["peak"])])
+    with pytest.raises(ValueError, match="durations"):
+        merge([_study(rng, [0], ["peak"]), _study(rng, [1], ["peak"], duration=300.0)])
+    other = _study(rng, [1], ["peak"])
+    other["spec"]["warmup_s"] = 60.0
+    with pytest.raises(ValueError, match="warmup_s"):
+        merge([_study(rng, [0], ["peak"]), other])
