@@ -146,6 +146,9 @@ def cached_tokens(response: dict) -> int:
     return (response["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
-def wait_shadows(client: httpx.Client, timeout: float = 60.0) -> None:
+def wait_shadows(client: httpx.Client, timeout: float = 150.0) -> None:
+    """Until the manager's shadow dispatchers are idle. A built-in server answers a shadow once its pages are
+    cached or after its `shadow_wait_s` (60 s), so on a loaded machine a wait of 60 s raced that deadline;
+    the default outlasts it (a test returns as soon as the dispatchers are idle)."""
     r = client.post(f"/manager/wait-shadows?timeout={timeout}", timeout=timeout + 10)
     assert r.status_code == 200 and r.json()["idle"], r.text
