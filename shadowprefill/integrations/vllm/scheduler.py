@@ -581,7 +581,7 @@ class ShadowScheduler(Scheduler):
         bound = None                # feedback: what a shadow-carrying step was allowed (credit: beside t̂(B))
         if step.shadow_chunks and b.seconds > 0:
             bound = b.seconds + (predicted - shadow_s if b.branch == "credit" else 0.0)
-        self.predictor.observe(prefill, decode_ctx, duration, bound_s=bound)
+        self.predictor.observe(prefill, decode_ctx, duration, bound_s=bound, predicted_s=predicted)
         busy = bool(step.decodes or step.prefills)
         decode_only = busy and not step.prefills and not step.shadow_chunks
         self.controller.end_iteration(duration, busy=busy, decode_only=decode_only)
