@@ -578,9 +578,10 @@ class ShadowScheduler(Scheduler):
         predicted = self.predictor.predict(prefill, decode_ctx)         # t̂ as the budget saw it (before refit)
         shadow_s = sum(self.predictor.chunk_time(n, c) for n, c in step.shadow_chunks)
         b = step.budget
-        bound = None                # feedback: what a shadow-carrying step was allowed (credit: beside t̂(B))
-        if step.shadow_chunks and b.seconds > 0:
-            bound = b.seconds + (predicted - shadow_s if b.branch == "credit" else 0.0)
+        bound = None                # feedback: what a shadow-carrying step was allowed (credit: beside t̂(B)),
+        if step.shadow_chunks and b.seconds > 0:   # b before the feedback's own shrink: judged against the
+            scale = self.predictor.budget_scale     # shrunk b, steps near t̂ kept shrinking it to its floor
+            bound = b.seconds / scale + (predicted - shadow_s if b.branch == "credit" else 0.0)
         self.predictor.observe(prefill, decode_ctx, duration, bound_s=bound, predicted_s=predicted)
         busy = bool(step.decodes or step.prefills)
         decode_only = busy and not step.prefills and not step.shadow_chunks
