@@ -7,8 +7,13 @@ a tool result to the history"). A call with `prefix_tokens` set keeps only that 
 tokens (e.g. compaction into a 1K-token summary when the context reaches the window, paper §4).
 
 Token identity matters (prefix caches hash real ids), so ids are deterministic: call k's new input and
-recorded output are drawn from `numpy.random.default_rng([token_seed, k, 0 or 1])` over
-[FIRST_TOKEN_ID, VOCAB_LIMIT), a range every catalog model's vocabulary covers.
+recorded output (kind 0 or 1) are `token_list(token_seed, k, kind, n)`: four ids that encode a 64-bit mix
+of (token_seed, k, kind), the sequence's identity, then a slice of one fixed pool of random ids at an
+offset drawn from the same mix, all in [FIRST_TOKEN_ID, VOCAB_LIMIT), a range every catalog model's
+vocabulary covers. Prefix caches hash chains of full pages, so two sequences share a cached page only where
+everything before it is the same: the identity ids make every generated sequence start unlike every other,
+which is all a prefix cache can see of randomness. (Drawing every id from a fresh generator, as before,
+cost ~150 µs per 2,000-id request in generation and conversion to Python ints; a pool slice is ~10 µs.)
 
 The JSONL format for a user's own sessions lives in `shadowprefill.cluster.traces`.
 """
@@ -17,9 +22,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
+
+from shadowprefill.shadow.jobs import CheckedTokenIds
 
 VOCAB_LIMIT = 32000     # smallest vocabulary in the catalog (Mixtral-8x7B)
 FIRST_TOKEN_ID = 10     # keep clear of BOS/EOS/pad ids
@@ -29,10 +37,65 @@ def _derived_seed(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
+_POOL_SIZE = 1 << 18                        # the shared body pool: 262,144 ids
+_HEAD = 4                                   # identity ids per sequence (4 base-31,990 digits: 59.9 bits)
+_SPAN = VOCAB_LIMIT - FIRST_TOKEN_ID
+_M64 = (1 << 64) - 1
+
+
+@lru_cache(maxsize=1)
+def _token_pool() -> tuple[np.ndarray, list[int]]:
+    """The fixed pool of random ids (fixed seed) as an int32 array and as Python ints (sliced, not copied)."""
+    pool = np.random.default_rng(0x70CE_1D5).integers(FIRST_TOKEN_ID, VOCAB_LIMIT, size=_POOL_SIZE, dtype=np.int32)
+    return pool, pool.tolist()
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finalizer: a bijection on 64-bit ints that spreads every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _layout(token_seed: int, call_index: int, kind: int, n: int) -> tuple[list[int], int, int]:
+    """(identity ids, pool offset, body length) of a generated sequence."""
+    for name, v in (("token_seed", token_seed), ("call_index", call_index), ("kind", kind), ("n", n)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    key = _mix64((_mix64(int(token_seed) & _M64) ^ ((int(call_index) << 1) | int(kind))) & _M64)
+    z, head = key, []
+    for _ in range(min(n, _HEAD)):
+        z, digit = divmod(z, _SPAN)
+        head.append(FIRST_TOKEN_ID + digit)
+    body = n - len(head)
+    offset = _mix64(key ^ 0x5EED) % (_POOL_SIZE - min(body, _POOL_SIZE) + 1)
+    return head, offset, body
+
+
+def token_list(token_seed: int, call_index: int, kind: int, n: int) -> list[int]:
+    """Deterministic token ids as a new list of Python ints (kind 0: a call's new input, 1: its recorded
+    output): the sequence's identity ids, then a slice of the shared pool (module docstring). The result is
+    a `shadow.jobs.CheckedTokenIds`: the engine takes it without a per-id check."""
+    head, offset, body = _layout(token_seed, call_index, kind, n)
+    pool = _token_pool()[1]
+    out = CheckedTokenIds(head)
+    while body > 0:                              # (a body longer than the pool wraps around it)
+        take = min(body, _POOL_SIZE - offset)
+        out += pool[offset:offset + take]
+        body, offset = body - take, 0
+    return out
+
+
 def token_ids(token_seed: int, call_index: int, kind: int, n: int) -> np.ndarray:
-    """Deterministic int32 token ids (kind 0: a call's new input, 1: its recorded output)."""
-    rng = np.random.default_rng([token_seed, call_index, kind])
-    return rng.integers(FIRST_TOKEN_ID, VOCAB_LIMIT, size=n, dtype=np.int32)
+    """The same ids as `token_list`, as an int32 array."""
+    head, offset, body = _layout(token_seed, call_index, kind, n)
+    pool = _token_pool()[0]
+    parts = [np.asarray(head, dtype=np.int32)]
+    while body > 0:
+        take = min(body, _POOL_SIZE - offset)
+        parts.append(pool[offset:offset + take])
+        body, offset = body - take, 0
+    return np.concatenate(parts)
 
 
 @dataclass(frozen=True)

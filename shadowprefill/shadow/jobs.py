@@ -35,9 +35,18 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+class CheckedTokenIds(list):
+    """A list of token ids that is valid by construction (non-negative Python ints: the workload
+    generator's `cluster.workloads.token_list`), so `check_token_ids` copies it without a per-id check."""
+
+    __slots__ = ()
+
+
 def check_token_ids(name: str, token_ids) -> list[int]:
     """token_ids as a new list of non-negative Python ints: from a sequence of ints (bool and numpy scalars
     are refused) or a 1-D numpy array of an integer dtype (checked and converted in C)."""
+    if token_ids.__class__ is CheckedTokenIds:
+        return list(token_ids)
     if isinstance(token_ids, np.ndarray):
         if token_ids.ndim != 1 or token_ids.dtype.kind not in "iu":
             raise ValueError(f"{name} must hold non-negative int token ids (got a {token_ids.ndim}-D "

@@ -28,7 +28,7 @@ import numpy as np
 from shadowprefill.cluster.manager import ClusterManager, Instance
 from shadowprefill.cluster.pd import Disaggregation
 from shadowprefill.cluster.warm_view import WarmView
-from shadowprefill.cluster.workloads import Session, token_ids
+from shadowprefill.cluster.workloads import Session, token_list
 from shadowprefill.engine.clock import VirtualClock
 from shadowprefill.sim.deployment import NormalSource, SimConfig, azure_normal_source, build_instance
 from shadowprefill.sim.metrics import CallRecord, NormalRecord, RunResult
@@ -193,7 +193,7 @@ class Simulator:
                 _, plen, olen, token_seed = b
                 normal_count += 1
                 rid = f"n{a}-{normal_count}"
-                prompt = token_ids(token_seed, 0, 0, plen)          # the engine converts it once
+                prompt = token_list(token_seed, 0, 0, plen)         # (valid by construction: not re-checked)
                 req = manager.submit_normal(inst, rid, prompt, olen)
                 if w0 <= t < w1:
                     normal_records[rid] = NormalRecord(rid, inst.model, inst.name, t, plen, olen,

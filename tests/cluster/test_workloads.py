@@ -257,3 +257,37 @@ def test_load_azure_trace_errors(tmp_path):
     assert len(replay_trace(single)) == 1
     with pytest.raises(ValueError, match="two distinct timestamps"):
         replay_trace(single, rate=1.0)
+
+
+def test_token_list_is_deterministic_in_range_and_equals_token_ids():
+    from shadowprefill.cluster.workloads import FIRST_TOKEN_ID, VOCAB_LIMIT, token_ids, token_list
+    from shadowprefill.shadow.jobs import CheckedTokenIds, check_token_ids
+    for n in (0, 1, 3, 4, 5, 2000, (1 << 18) + 37):          # the last wraps around the shared pool
+        a = token_list(123456789, 7, 1, n)
+        assert type(a) is CheckedTokenIds and len(a) == n and a == token_list(123456789, 7, 1, n)
+        assert all(type(t) is int and FIRST_TOKEN_ID <= t < VOCAB_LIMIT for t in a)
+        arr = token_ids(123456789, 7, 1, n)
+        assert arr.dtype == np.int32 and arr.tolist() == a
+        got = check_token_ids("x", a)
+        assert got == a and type(got) is list and got is not a     # a plain copy, no per-id check
+
+
+def test_token_list_sequences_differ_from_their_first_id():
+    """A prefix cache sees only equal prefixes: sequences of other (seed, call, kind) must differ at once."""
+    from shadowprefill.cluster.workloads import token_list
+    firsts = {}
+    for seed in range(40):
+        for k in range(25):
+            for kind in (0, 1):
+                head = tuple(token_list(seed * 2**40 + 5, k, kind, 4))
+                assert head not in firsts, (seed, k, kind, firsts.get(head))
+                firsts[head] = (seed, k, kind)
+    bodies = {tuple(token_list(s, 0, 0, 64)[4:20]) for s in range(200)}
+    assert len(bodies) > 190                                       # the pool offsets spread too
+
+
+def test_token_list_rejects_bad_arguments():
+    from shadowprefill.cluster.workloads import token_list
+    for args in ((-1, 0, 0, 4), (1, -2, 0, 4), (1, 0, 0, -1), (1.5, 0, 0, 4), (True, 0, 0, 4)):
+        with pytest.raises(ValueError):
+            token_list(*args)
