@@ -16,7 +16,10 @@ reaches, and `due` is rebuilt from the requests at the next fast iteration.
 from __future__ import annotations
 
 import bisect
+import operator
 from itertools import filterfalse
+
+_priority = operator.attrgetter("priority")
 
 
 def needs_page(r, block_size: int) -> bool:
@@ -26,16 +29,20 @@ def needs_page(r, block_size: int) -> bool:
 
 
 class DecodeSet:
-    """Steady decodes of one scheduler in rank order (`reqs`), and those due a page (`due`)."""
+    """Steady decodes of one scheduler in rank order (`reqs`), those due a page (`due`), and how many of them
+    are routed calls (`num_routed`: Alg. 1 line 5 reads whether any is, every iteration). `routed`: the
+    routed class's priority value."""
 
-    __slots__ = ("reqs", "due", "_rank", "_bs", "_due_known")
+    __slots__ = ("reqs", "due", "num_routed", "_rank", "_bs", "_due_known", "_routed")
 
-    def __init__(self, rank, block_size: int) -> None:
+    def __init__(self, rank, block_size: int, routed=0) -> None:
         self.reqs: list = []
         self.due: list = []
+        self.num_routed = 0
         self._rank = rank
         self._bs = block_size
         self._due_known = True
+        self._routed = routed
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -43,6 +50,7 @@ class DecodeSet:
     def join(self, r) -> None:
         """r became a steady decode (its prefill chunk sampled a token and it did not finish)."""
         bisect.insort(self.reqs, r, key=self._rank)
+        self.num_routed += r.priority == self._routed
         if needs_page(r, self._bs):
             self.due.append(r)
 
@@ -57,11 +65,13 @@ class DecodeSet:
         try:
             self.reqs.remove(r)
         except ValueError:
-            pass
+            return
+        self.num_routed -= r.priority == self._routed
 
     def keep_running(self, running_status) -> None:
         """Drop the requests that finished (after a postprocess)."""
-        self.reqs = [r for r in self.reqs if r.status is running_status]
+        self.reqs = reqs = [r for r in self.reqs if r.status is running_status]
+        self.num_routed = operator.countOf(map(_priority, reqs), self._routed)
 
     def take(self, sched, batch, cap: int, now: float, running_status):
         """Step (1) of `Scheduler.schedule` when every steady decode fits under `cap`: all of them join the

@@ -150,7 +150,7 @@ class Scheduler:
         self.waiting: dict = {Priority.ROUTED: [], Priority.NORMAL: [],       # lists, by arrival
                               Priority.SHADOW: shadow_queue}                  # by switch probability
         self.running: list[Request] = []             # sorted by self._rank
-        self.decoding = DecodeSet(self._rank, config.block_size)   # its steady decodes (engine.decode_batch)
+        self.decoding = DecodeSet(self._rank, config.block_size, Priority.ROUTED)   # steady decodes (decode_batch)
         self.num_preemptions = 0
         self._stamp = 0
         self.prefetched: list[Request] = []          # waiting requests holding a reload-ahead (r.prefetch)
@@ -250,8 +250,10 @@ class Scheduler:
         others = self.decoding.take(self, batch, cap, now, RequestStatus.RUNNING)
         if others is None:
             others = self._scan_decodes(batch, cap, now)
+            batch.has_routed = routed in map(_priority, decodes)
+        else:                                    # (a preemption in take is rechecked below)
+            batch.has_routed = self.decoding.num_routed > 0
         batch.num_tokens = len(decodes)
-        batch.has_routed = routed in map(_priority, decodes)
 
         # (2) in-flight prefill chunks (prompt chunks, or recompute after preemption). If (1) stopped
         # early, the token budget or max_seqs is used up and nothing more is scheduled anyway.
@@ -443,7 +445,7 @@ class Scheduler:
         this iteration's own reloads). Each request is looked at once per stay in the queue. Returns the
         host tokens whose reload starts (batch.ahead_tokens)."""
         kv = self.kv
-        if not kv.has_host_tier or batch.admission_blocked:
+        if not batch.waiting_nonempty or not kv.has_host_tier or batch.admission_blocked:
             return 0
         # the running requests' tokens next iteration: a decode each, the rest of each prefill (a decode
         # once it samples), at least one for each not scheduled now

@@ -51,6 +51,7 @@ _UNBOUNDED = 1 << 40      # no growth cap (growth=None): more tokens than any st
 # Feature scales: keep the RLS well conditioned (tokens ~1e3, tokens x context ~1e6, ...).
 _SCALE = np.array([1.0, 1e-3, 1e-6, 1e-2, 1e-5])
 _SCALE_LIST = _SCALE.tolist()
+_S1, _S2, _S3, _S4 = _SCALE_LIST[1:]
 
 
 class IterationTimeSource(Protocol):
@@ -92,7 +93,7 @@ def nnls_normal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         theta = np.linalg.solve(a, b)
     except np.linalg.LinAlgError:
         theta = None
-    if theta is not None and (theta >= 0).all():              # the common case: nothing to clamp
+    if theta is not None and all(v >= 0.0 for v in theta.tolist()):   # the common case: nothing to clamp
         return theta
     tol = 1e-12 * max(float(np.abs(b).max()), 1e-300)
     passive = np.zeros(n, dtype=bool)
@@ -220,8 +221,8 @@ class IterationPredictor:
             ratio[1] = lam * ratio[1] + 1.0
             self.speed_ratio = ratio[0] / ratio[1]
         inv = 1.0 / duration
-        self._rows.append((inv, features[0] * _SCALE_LIST[1] * inv, features[1] * _SCALE_LIST[2] * inv,
-                           features[2] * _SCALE_LIST[3] * inv, features[3] * _SCALE_LIST[4] * inv))
+        self._rows.append((inv, features[0] * _S1 * inv, features[1] * _S2 * inv, features[2] * _S3 * inv,
+                           features[3] * _S4 * inv))
         self.num_observations += 1
         if features[0] > 0:             # only a step with prefill tokens says anything about chunk cost:
             self.prefill_steps += 1       # decode-only steps between shadows leave the shrink as it is

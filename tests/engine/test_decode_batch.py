@@ -43,6 +43,7 @@ def test_decodes_match_a_scan_of_the_running_requests(seed, admission):
         # the reference, read before the iteration: steady decodes in rank order, up to the cap
         expected = [r for r in sched.running if steady(r)]
         assert sched.decoding.reqs == expected
+        assert sched.decoding.num_routed == sum(r.priority.name == "ROUTED" for r in expected)
         it = engine.schedule_step()
         if it is None:
             if not engine.has_work():
