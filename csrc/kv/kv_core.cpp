@@ -181,6 +181,7 @@ py::tuple KVCore::match(py::object tokens, double now, py::object tenant, bool s
   int64_t num_host = 0;
   size_t i = items.size();
   if (i < num_pages) {  // then device pages, cancelled spills, host hits
+    if (i >= chain->hashes.size()) hasher_.warm(t, static_cast<int64_t>(i));
     H128 h = chain->at(i, t, hasher_);
     for (;;) {
       index_.prefetch(h);  // page i's index slot loads while page i + 1 is hashed (kept if the walk gets there)
@@ -301,7 +302,7 @@ int64_t KVCore::commit(py::object pages_obj, py::object tokens, double now, py::
     --first;
   }
   if (first >= n_full) return 0;
-  if (first < n_full - 1) t.prefetch(first * bs, bs);
+  if (first < n_full - 1) hasher_.warm(t, first);
   for (int64_t i = first; i < n_full; ++i) {  // validate before changing anything
     const int64_t b = pages.at(i);
     if (b < 0 || b >= pool_.n || pool_.ref[b] <= 0)

@@ -121,6 +121,11 @@ class Tokens {
 // Hashes pages of one token list one by one, continuing a chain (the one chain step of the C++ side).
 class PageHasher {
  public:
+  static constexpr int kAhead = 3;  // pages whose tokens are loading ahead of the one hashed
+  // Start loading the tokens of pages [page, page + kAhead) (before a run of next() calls from `page`).
+  void warm(const Tokens& tokens, int64_t page) const {
+    tokens.prefetch(static_cast<Py_ssize_t>(page) * bs_, static_cast<Py_ssize_t>(kAhead) * bs_);
+  }
   explicit PageHasher(int block_size) : bs_(block_size), msg_(16 + 4 * static_cast<size_t>(block_size)) {}
   H128 next(H128 parent, const Tokens& tokens, int64_t page) {
     uint8_t* m = msg_.data();
@@ -128,7 +133,7 @@ class PageHasher {
     store_le(m + 8, parent.hi, 8);
     const Py_ssize_t start = static_cast<Py_ssize_t>(page) * bs_;
     for (int j = 0; j < bs_; ++j) store_le(m + 16 + 4 * j, tokens.at(start + j), 4);  // le32 tokens
-    tokens.prefetch(start + bs_, bs_);  // the next page's tokens load while this one is hashed
+    tokens.prefetch(start + kAhead * bs_, bs_);  // a later page's tokens load while this one is hashed
     uint8_t d[16];
     blake2b(m, msg_.size(), d, 16);
     return h128_from_digest(d);
