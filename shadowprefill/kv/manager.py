@@ -243,8 +243,7 @@ class KVCacheManager:
         page. promote=True (a routed request) turns hit shadow pages into normal ones (§3.3)."""
         tokens = token_ids if token_ids.__class__ is list else as_token_sequence(token_ids)
         limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
-        blocks, device, host, shadow_tokens, ready = self._match(tokens, now, tenant, shadow, promote, limit,
-                                                                      hashes)
+        blocks, device, host, shadow_tokens, ready = self._match(tokens, now, tenant, shadow, promote, limit, hashes)
         return PrefixMatch(blocks, device + host, device, host, shadow_tokens, ready)
 
     def allocate(self, n: int, *, now: float, shadow: bool = False) -> list[int] | None:
