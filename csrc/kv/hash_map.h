@@ -27,9 +27,15 @@ class HashMap {
 
   bool contains(const H128& k) const { return get(k) >= 0; }
 
-  void set(const H128& k, int32_t v) {  // insert or overwrite (v >= 0)
+  // Start loading k's home slot (a lookup soon after then hits the cache).
+  void prefetch(const H128& k) const { __builtin_prefetch(&slots_[k.lo & mask_]); }
+
+  int32_t set(const H128& k, int32_t v) {  // insert or overwrite (v >= 0); the old value, -1 if none
     bool inserted;
-    place(k, inserted).value = v;
+    Slot& s = place(k, inserted);
+    const int32_t old = inserted ? -1 : s.value;
+    s.value = v;
+    return old;
   }
 
   // Insert k -> v unless k is present; returns whether it inserted (one probe).

@@ -14,22 +14,22 @@ namespace shadowprefill {
 class HostIndex {
  public:
   explicit HostIndex(int64_t num_pages)
-      : num_pages(num_pages), lru_(static_cast<int32_t>(num_pages)), slot_hash_(num_pages),
-        slot_shadow_(num_pages, 0), stored_call_(num_pages, 0), stored_at_(num_pages, -1) {
+      : num_pages(num_pages), lru_(static_cast<int32_t>(num_pages)), slot_(num_pages) {
     for (int64_t s = num_pages - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
   }
 
   int64_t num_used() const { return lru_.size(); }
   int32_t peek(const H128& h) const { return map_.get(h); }
+  void prefetch(const H128& h) const { map_.prefetch(h); }
   int32_t get(const H128& h) {
     const int32_t slot = map_.get(h);
     if (slot >= 0) lru_.move_to_back(slot);
     return slot;
   }
-  bool is_shadow(int32_t slot) const { return slot_shadow_[slot] != 0; }
+  bool is_shadow(int32_t slot) const { return slot_[slot].shadow != 0; }
   void set_class(int32_t slot, bool shadow) {
     if (is_shadow(slot) != shadow) {
-      slot_shadow_[slot] = shadow;
+      slot_[slot].shadow = shadow;
       num_shadow += shadow ? 1 : -1;
     }
   }
@@ -43,6 +43,12 @@ class HostIndex {
     copy.assign(n, 0);
     if (num_pages == 0) return;
     ++call_;
+    if (free_.empty()) {  // the entries that may be dropped: load their slots, then their map slots
+      int32_t s = lru_.front();
+      for (size_t i = 0; i < n && s >= 0; ++i, s = lru_.next(s)) __builtin_prefetch(&slot_[s]);
+      s = lru_.front();
+      for (size_t i = 0; i < n && s >= 0; ++i, s = lru_.next(s)) map_.prefetch(slot_[s].hash);
+    }
     for (size_t i = 0; i < n; ++i) {
       const H128& h = hashes[i];
       const bool shadow = shadows != nullptr && (*shadows)[i];
@@ -55,16 +61,18 @@ class HostIndex {
           free_.pop_back();
         } else {  // drop the least recently used entry (possibly one stored earlier in this call)
           slot = lru_.pop_front();
-          map_.erase(slot_hash_[slot]);
-          dropped.emplace_back(slot_hash_[slot], slot_shadow_[slot] != 0);
-          if (stored_call_[slot] == call_) copy[stored_at_[slot]] = 0;
+          const Slot& old = slot_[slot];
+          map_.erase(old.hash);
+          dropped.emplace_back(old.hash, old.shadow != 0);
+          if (old.stored_call == call_) copy[old.stored_at] = 0;
         }
         lru_.push_back(slot);
         map_.set(h, slot);
-        slot_hash_[slot] = h;
+        Slot& e = slot_[slot];
+        e.hash = h;
         copy[i] = 1;
-        stored_call_[slot] = call_;
-        stored_at_[slot] = static_cast<int64_t>(i);
+        e.stored_call = call_;
+        e.stored_at = static_cast<int32_t>(i);
       }
       set_class(slot, shadow);
       slots[i] = slot;
@@ -73,20 +81,23 @@ class HostIndex {
 
   template <class F>
   void for_each(F f) const {  // (hash, slot), least recently used first
-    lru_.for_each([&](int32_t slot) { f(slot_hash_[slot], slot); });
+    lru_.for_each([&](int32_t slot) { f(slot_[slot].hash, slot); });
   }
 
   const int64_t num_pages;
   int64_t num_shadow = 0;
 
  private:
+  struct alignas(32) Slot {  // one host slot's entry (a cache line holds two)
+    H128 hash;
+    uint64_t stored_call = 0;  // which put_many call stored the slot's page (drops within one call)
+    int32_t stored_at = -1;
+    uint8_t shadow = 0;
+  };
   PageList lru_;                      // slots in use, least recently used first
   HashMap map_;                       // hash -> slot
-  std::vector<H128> slot_hash_;
-  std::vector<uint8_t> slot_shadow_;
+  std::vector<Slot> slot_;
   std::vector<int32_t> free_;
-  std::vector<uint64_t> stored_call_;  // which put_many call stored the slot's page (drops within one call)
-  std::vector<int64_t> stored_at_;
   uint64_t call_ = 0;
 };
 

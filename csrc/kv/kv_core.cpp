@@ -13,7 +13,7 @@ namespace shadowprefill {
 KVCore::KVCore(int32_t num_blocks, int block_size, int64_t shadow_cap, double cold_age_s, std::string model_id,
                py::object host_index, int64_t page_bytes, py::object copy)
     : block_size_(block_size), model_id_(std::move(model_id)), page_bytes_(page_bytes),
-      pool_(num_blocks, shadow_cap, cold_age_s), page_hash_(num_blocks), has_hash_(num_blocks, 0), gen_(num_blocks, 0),
+      pool_(num_blocks, shadow_cap, cold_age_s), info_(num_blocks),
       host_obj_(host_index), copy_(std::move(copy)), spilling_(num_blocks), side_copy_(num_blocks),
       spill_event_(num_blocks), side_event_(num_blocks), spill_hash_(num_blocks), last_event_(py::none()),
       now_(-std::numeric_limits<double>::infinity()), hasher_(block_size) {
@@ -31,15 +31,20 @@ void KVCore::clock(double now) {
 }
 
 H128 KVCore::root(py::object tenant) {
+  if (tenant.ptr() == last_tenant_.ptr()) return last_root_;  // the same str object (held) as last time
   if (!PyUnicode_Check(tenant.ptr()))
     throw py::type_error(std::string("tenant: expected a str, got ") + Py_TYPE(tenant.ptr())->tp_name);
   std::string key = tenant.cast<std::string>();
   auto it = roots_.find(key);
-  if (it != roots_.end()) return it->second;
-  std::string salt = model_id_;
-  salt.push_back('\0');
-  salt += key;
-  return roots_[key] = salt_root(salt);
+  if (it == roots_.end()) {
+    std::string salt = model_id_;
+    salt.push_back('\0');
+    salt += key;
+    it = roots_.emplace(key, salt_root(salt)).first;
+  }
+  last_tenant_ = tenant;
+  last_root_ = it->second;
+  return last_root_;
 }
 
 std::shared_ptr<PageChain> KVCore::hash_chain(py::object tokens, py::object tenant) {
@@ -47,10 +52,18 @@ std::shared_ptr<PageChain> KVCore::hash_chain(py::object tokens, py::object tena
   return std::make_shared<PageChain>(tokens, block_size_, root(tenant));
 }
 
-PageChain* KVCore::chain_for(py::object tokens, py::object tenant, py::object hashes, std::unique_ptr<PageChain>& local) {
-  if (hashes.is_none()) {
-    local = std::make_unique<PageChain>(tokens, block_size_, root(tenant));
-    return local.get();
+PageChain* KVCore::chain_for(py::object tokens, py::object tenant, py::object hashes) {
+  if (hashes.is_none()) {  // a fresh chain (the reused one, emptied)
+    const H128 r = root(tenant);
+    if (!local_) return (local_ = std::make_unique<PageChain>(tokens, block_size_, r)).get();
+    local_->tokens = std::move(tokens);
+    local_->root = r;
+    local_->hashes.clear();
+    local_->tail = -1;
+    local_->owner = 0;
+    local_->pages.clear();
+    local_->gens.clear();
+    return local_.get();
   }
   if (!py::isinstance<PageChain>(hashes))
     throw py::type_error(std::string("hashes: expected the manager's hash_chain(), got ") + Py_TYPE(hashes.ptr())->tp_name);
@@ -69,7 +82,7 @@ py::tuple KVCore::counts() const {
 
 py::tuple KVCore::page(int64_t b) const {
   if (b < 0 || b >= pool_.n) throw py::index_error("block_id: page " + std::to_string(b) + " is out of range");
-  py::object h = has_hash_[b] ? h128_to_int(page_hash_[b]) : py::none();
+  py::object h = info_[b].has_hash ? h128_to_int(info_[b].hash) : py::none();
   return py::make_tuple(pool_.ref[b], pool_.shadow[b] != 0, h);
 }
 
@@ -106,7 +119,7 @@ py::dict KVCore::snapshot() const {
   for (int32_t b = 0; b < pool_.n; ++b) {
     ref.append(pool_.ref[b]);
     shadow.append(pool_.shadow[b] != 0);
-    hash.append(has_hash_[b] ? h128_to_int(page_hash_[b]) : py::none());
+    hash.append(info_[b].has_hash ? h128_to_int(info_[b].hash) : py::none());
   }
   for (int32_t b : pool_.free) free.append(b);
   pool_.lru[0].for_each([&](int32_t b) { lru0.append(py::make_tuple(b, pool_.last_use[b])); });
@@ -125,8 +138,7 @@ py::dict KVCore::snapshot() const {
 
 py::tuple KVCore::peek(py::object tokens, py::object tenant, int64_t limit, py::object hashes) {
   Tokens t(tokens.ptr());
-  std::unique_ptr<PageChain> local;
-  PageChain* chain = chain_for(tokens, tenant, hashes, local);
+  PageChain* chain = chain_for(tokens, tenant, hashes);
   const size_t num_pages = static_cast<size_t>(limit / block_size_);
   const size_t known = known_pages(chain, !hashes.is_none(), num_pages);
   int64_t device = static_cast<int64_t>(known) * block_size_, host = 0;
@@ -152,37 +164,51 @@ py::tuple KVCore::match(py::object tokens, double now, py::object tenant, bool s
                         py::object hashes) {
   clock(now);
   Tokens t(tokens.ptr());
-  std::unique_ptr<PageChain> local;
-  PageChain* chain = chain_for(tokens, tenant, hashes, local);
+  PageChain* chain = chain_for(tokens, tenant, hashes);
   const size_t num_pages = static_cast<size_t>(limit / block_size_);
-  std::vector<Item> items;
+  std::vector<Item>& items = items_;
+  items.clear();
   const bool kept = !hashes.is_none();
   const size_t valid = known_pages(chain, kept, num_pages);  // the chain's pages that are still canonical
   items.reserve(num_pages);
-  for (size_t i = 0; i < valid; ++i) items.push_back({chain->pages[i], chain->hashes[i], -1});
+  for (size_t i = 0; i < valid; ++i) items.push_back({chain->pages[i], chain->hashes[i], -1, true});
   const size_t known = std::min(chain->hashes.size(), num_pages);
   for (size_t i = valid; i < known; ++i) {  // known hashes: the device run
     const int32_t b = index_.get(chain->hashes[i]);
     if (b < 0) break;
-    items.push_back({b, chain->hashes[i], -1});
+    items.push_back({b, chain->hashes[i], -1, true});
   }
-  for (const Item& it : items) pool_.acquire(it.page);  // taken now: reload allocations cannot evict them
   int64_t num_host = 0;
-  for (size_t i = items.size(); i < num_pages; ++i) {  // then device pages, cancelled spills, host hits
-    const H128 h = chain->at(i, t, hasher_);
-    int32_t b = index_.get(h), slot;
-    if (b >= 0) {
-      pool_.acquire(b);
-      items.push_back({b, h, -1});
-    } else if (!spill_index_.empty() && spill_index_.contains(h)) {
-      items.push_back({cancel_spill(h), h, -1});
-    } else if (host_ && (slot = host_->get(h)) >= 0) {
-      items.push_back({-1, h, slot});
-      ++num_host;
-    } else {
-      break;
+  size_t i = items.size();
+  if (i < num_pages) {  // then device pages, cancelled spills, host hits
+    if (i >= chain->hashes.size()) hasher_.warm(t, static_cast<int64_t>(i));
+    H128 h = chain->at(i, t, hasher_);
+    for (;;) {
+      index_.prefetch(h);  // page i's index slot loads while page i + 1 is hashed (kept if the walk gets there)
+      const bool more = i + 1 < num_pages, next_known = i + 1 < chain->hashes.size();
+      H128 next;
+      if (more) next = next_known ? chain->hashes[i + 1] : hasher_.next(h, t, static_cast<int64_t>(i + 1));
+      int32_t b = index_.get(h), slot;
+      if (b >= 0) {
+        pool_.prefetch(b);
+        items.push_back({b, h, -1, true});
+      } else if (!spill_index_.empty() && spill_index_.contains(h)) {
+        items.push_back({cancel_spill(h), h, -1});
+      } else if (host_ && (slot = host_->get(h)) >= 0) {
+        items.push_back({-1, h, slot});
+        ++num_host;
+      } else {
+        break;
+      }
+      if (!more) break;
+      if (!next_known) chain->add(next, t);
+      h = next;
+      ++i;
     }
   }
+  // references on the device pages, taken before any reload allocation below (which cannot evict them)
+  for (const Item& it : items)
+    if (it.take) pool_.acquire(it.page);
   py::object ready = py::none();
   int64_t shadow_pages = 0;
   if (num_host) ready = reload_into(items, now, shadow, promote, shadow_pages);  // reloaded: slot >= 0
@@ -213,7 +239,7 @@ py::tuple KVCore::match(py::object tokens, double now, py::object tenant, bool s
     chain->gens.resize(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
       chain->pages[i] = items[i].page;
-      chain->gens[i] = gen_[items[i].page];
+      chain->gens[i] = info_[items[i].page].gen;
     }
   }
   const int64_t bs = block_size_, matched = static_cast<int64_t>(items.size()) * bs;
@@ -263,38 +289,52 @@ int64_t KVCore::commit(py::object pages_obj, py::object tokens, double now, py::
   const int64_t bs = block_size_;
   const int64_t n_tokens = num_tokens.is_none() ? t.size() : std::min<int64_t>(num_tokens.cast<int64_t>(), t.size());
   const int64_t n_full = std::min<int64_t>(pages.size(), n_tokens >= 0 ? n_tokens / bs : -1);
+  if (n_full <= 0) return 0;
+  // most commits register the last page or few: start loading their ids and the last page's tokens
+  for (int64_t i = n_full - 1; i >= 0 && i >= n_full - 8; --i) pages.prefetch(i);
+  t.prefetch((n_full - 1) * bs, bs);
   int64_t first = n_full;
   while (first > 0) {  // the pages after the last hashed one
+    if (first > 8) pages.prefetch(first - 9);
     const int64_t b = pages.at(first - 1);
     if (b < 0 || b >= pool_.n) throw py::value_error("block_ids: page " + std::to_string(b) + " is out of range");
-    if (has_hash_[b]) break;
+    if (info_[b].has_hash) break;
     --first;
   }
   if (first >= n_full) return 0;
+  if (first < n_full - 1) hasher_.warm(t, first);
   for (int64_t i = first; i < n_full; ++i) {  // validate before changing anything
     const int64_t b = pages.at(i);
     if (b < 0 || b >= pool_.n || pool_.ref[b] <= 0)
       throw py::value_error("block_ids: page " + std::to_string(b) + " is not owned (ref count 0) or out of range");
   }
-  const H128 parent = first ? page_hash_[pages.at(first - 1)] : root(tenant);
+  const H128 parent = first ? info_[pages.at(first - 1)].hash : root(tenant);
   PageChain* chain = nullptr;
-  std::unique_ptr<PageChain> unused;
   if (!hashes.is_none()) {
-    chain = chain_for(tokens, tenant, hashes, unused);
+    chain = chain_for(tokens, tenant, hashes);
     if (static_cast<int64_t>(chain->hashes.size()) < first || chain->parent_of(static_cast<size_t>(first)) != parent)
       chain = nullptr;  // the chain does not reach (or disagrees with) the registered pages: not used
   }
-  std::vector<H128> registered;
+  std::vector<H128>& hs = new_hashes_;  // hash all first (their index slots load meanwhile), then register
+  hs.clear();
   H128 h = parent;
   for (int64_t i = first; i < n_full; ++i) {
     h = chain ? chain->at(static_cast<size_t>(i), t, hasher_) : hasher_.next(h, t, i);
-    const int32_t b = static_cast<int32_t>(pages.at(i));
-    page_hash_[b] = h;
-    has_hash_[b] = 1;
-    if (index_.insert(h, b)) registered.push_back(h);
+    index_.prefetch(h);
+    hs.push_back(h);
   }
-  if (!spill_index_.empty())  // an older copy being spilled is no longer canonical
-    for (const H128& r : registered) spill_index_.erase(r);
+  int64_t registered = 0;
+  for (int64_t i = first; i < n_full; ++i) {
+    const int32_t b = static_cast<int32_t>(pages.at(i));
+    const H128& hi = hs[static_cast<size_t>(i - first)];
+    info_[b].hash = hi;
+    info_[b].has_hash = 1;
+    if (index_.insert(hi, b)) {
+      info_[b].canon = 1;
+      ++registered;
+      if (!spill_index_.empty()) spill_index_.erase(hi);  // an older copy being spilled is no longer canonical
+    }
+  }
   if (chain && chain->owner != serial_ && first == 0) {  // adopt the chain: it knows no page of this core
     chain->owner = serial_;
     chain->pages.clear();
@@ -303,18 +343,19 @@ int64_t KVCore::commit(py::object pages_obj, py::object tokens, double now, py::
   if (chain && chain->owner == serial_ && static_cast<int64_t>(chain->pages.size()) == first) {
     for (int64_t i = first; i < n_full; ++i) {  // the chain remembers the new canonical pages
       const int32_t b = static_cast<int32_t>(pages.at(i));
-      if (index_.get(chain->hashes[i]) != b) break;
+      if (!info_[b].canon) break;  // (its hash is chain->hashes[i])
       chain->pages.push_back(b);
-      chain->gens.push_back(gen_[b]);
+      chain->gens.push_back(info_[b].gen);
     }
   }
-  return static_cast<int64_t>(registered.size());
+  return registered;
 }
 
 void KVCore::free(py::object pages_obj, double now) {
   clock(now);
   PageIds pages(pages_obj);
-  std::vector<int32_t> ids(pages.size());
+  std::vector<int32_t>& ids = ids_;
+  ids.resize(static_cast<size_t>(pages.size()));
   for (size_t i = 0; i < ids.size(); ++i) {  // drop one reference each; on a bad page undo and raise
     const int64_t b = pages.at(static_cast<int64_t>(i));
     if (b < 0 || b >= pool_.n || pool_.ref[b] <= 0) {
@@ -330,11 +371,15 @@ void KVCore::free(py::object pages_obj, double now) {
 
 void KVCore::free_pages(const std::vector<int32_t>& ids, double now) {
   // pages whose references were dropped: the ones at ref 0, last page first, stay cached if canonical
-  std::vector<int32_t> unregistered;
+  std::vector<int32_t>& unregistered = unregistered_;
+  unregistered.clear();
   for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
     const int32_t b = *it;
     if (pool_.ref[b] != 0) continue;
-    if (has_hash_[b] && index_.get(page_hash_[b]) == b) pool_.park(b, now);
+#ifdef SP_KV_CHECK_CANON
+    if (info_[b].canon != (info_[b].has_hash && index_.get(info_[b].hash) == b)) throw std::logic_error("canon out of sync");
+#endif
+    if (info_[b].canon) pool_.park(b, now);
     else unregistered.push_back(b);
   }
   for (int32_t b : unregistered) give_back(b, true);
@@ -366,7 +411,7 @@ size_t KVCore::known_pages(const PageChain* chain, bool kept, size_t num_pages) 
   if (!kept || chain->owner != serial_) return 0;
   const size_t n = std::min(num_pages, chain->pages.size());
   size_t i = 0;
-  while (i < n && gen_[chain->pages[i]] == chain->gens[i]) ++i;
+  while (i < n && info_[chain->pages[i]].gen == chain->gens[i]) ++i;
   return i;
 }
 

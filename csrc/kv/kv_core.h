@@ -38,9 +38,12 @@ struct PageChain {
   H128 at(size_t i, const Tokens& t, PageHasher& hasher) {
     if (i < hashes.size()) return hashes[i];
     const H128 h = hasher.next(parent_of(i), t, static_cast<int64_t>(i));
+    add(h, t);
+    return h;
+  }
+  void add(const H128& h, const Tokens& t) {  // the hash of the next page
     hashes.push_back(h);
     tail = t.at(static_cast<Py_ssize_t>(hashes.size()) * block_size - 1);
-    return h;
   }
   int64_t extend_to(int64_t num_pages);
   void truncate(int64_t num_pages);
@@ -83,11 +86,12 @@ class KVCore {
     int32_t page;
     H128 hash;
     int32_t slot;
+    bool take = false;  // a cached device page the match takes a reference on
   };
 
   void clock(double now);
   H128 root(py::object tenant);
-  PageChain* chain_for(py::object tokens, py::object tenant, py::object hashes, std::unique_ptr<PageChain>& local);
+  PageChain* chain_for(py::object tokens, py::object tenant, py::object hashes);
   bool alloc(int64_t n, double now, bool shadow, std::vector<int32_t>& out);
   int64_t available_now(double now, bool shadow, int64_t limit);
   void free_pages(const std::vector<int32_t>& pages, double now);
@@ -107,9 +111,13 @@ class KVCore {
   std::string model_id_;
   int64_t page_bytes_;
   PagePool pool_;
-  std::vector<H128> page_hash_;       // prefix index: page -> hash (valid where has_hash_)
-  std::vector<uint8_t> has_hash_;
-  std::vector<uint64_t> gen_;         // changes whenever a page stops being canonical (evicted, freed)
+  struct alignas(32) PageInfo {  // prefix-index state of one page (a cache line holds two pages)
+    H128 hash;          // its page hash (valid where has_hash)
+    uint64_t gen = 0;   // changes whenever the page stops being canonical (evicted, freed)
+    uint8_t has_hash = 0;
+    uint8_t canon = 0;  // index_ maps hash to this page (a canonical page)
+  };
+  std::vector<PageInfo> info_;
   HashMap index_;                     // hash -> canonical device page
   py::object host_obj_;               // keeps the shared HostIndex alive
   HostIndex* host_ = nullptr;
@@ -122,6 +130,15 @@ class KVCore {
   py::object last_event_;
   Counters st_;
   std::unordered_map<std::string, H128> roots_;
+  py::object last_tenant_;            // the tenant str of the last root() call and its root
+  H128 last_root_;
+  std::unique_ptr<PageChain> local_;  // the chain of a call without hashes= (reused)
+  // scratch of the hot calls (reused, no allocation per call)
+  std::vector<Item> items_;
+  std::vector<int32_t> ids_, victims_, unregistered_, slots_, to_host_, to_slots_;
+  std::vector<H128> new_hashes_, evict_hashes_, to_hashes_;
+  std::vector<uint8_t> shadows_, copy_flags_;
+  std::vector<std::pair<H128, bool>> dropped_;
   double now_;
   PageHasher hasher_;
   uint64_t serial_;

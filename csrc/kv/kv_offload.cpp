@@ -10,21 +10,32 @@ namespace shadowprefill {
 bool KVCore::make_room(int64_t n, bool shadow, double now) {
   const int64_t spilling = spilling_.size();
   if (spilling && n <= static_cast<int64_t>(pool_.free.size()) + spilling) return false;  // wait for the spills
-  std::vector<int32_t> victims;
+  std::vector<int32_t>& victims = victims_;
+  victims.clear();
   if (!pool_.evict_for(n, shadow, now, spilling, victims)) return false;
   evict(victims);
   return pool_.fits(n, shadow);
 }
 
 void KVCore::evict(const std::vector<int32_t>& victims) {
-  std::vector<H128> hashes;
-  hashes.reserve(victims.size());
+  // three passes, so that the cache misses of one pass overlap: the victims' hashes, their index slots
+  // (and host-index slots), then the erasures
+  for (int32_t b : victims) __builtin_prefetch(&info_[b].hash);
+  std::vector<H128>& hashes = evict_hashes_;
+  hashes.clear();
   for (int32_t b : victims) {
-    hashes.push_back(page_hash_[b]);
-    index_.erase(page_hash_[b]);
-    ++gen_[b];
+    hashes.push_back(info_[b].hash);
+    index_.prefetch(info_[b].hash);
+    if (host_) host_->prefetch(info_[b].hash);
   }
-  std::vector<uint8_t> shadows;
+  for (size_t i = 0; i < victims.size(); ++i) {
+    const int32_t b = victims[i];
+    index_.erase(hashes[i]);
+    info_[b].canon = 0;
+    ++info_[b].gen;
+  }
+  std::vector<uint8_t>& shadows = shadows_;
+  shadows.clear();
   int64_t n_shadow = 0;
   if (pool_.num_shadow) {
     for (int32_t b : victims) shadows.push_back(pool_.shadow[b]);
@@ -36,17 +47,22 @@ void KVCore::evict(const std::vector<int32_t>& victims) {
     for (int32_t b : victims) give_back(b, true);
     return;
   }
-  std::vector<int32_t> slots;
-  std::vector<uint8_t> copy;
-  std::vector<std::pair<H128, bool>> dropped;
+  std::vector<int32_t>& slots = slots_;
+  std::vector<uint8_t>& copy = copy_flags_;
+  std::vector<std::pair<H128, bool>>& dropped = dropped_;
+  dropped.clear();
   host_->put_many(hashes, pool_.num_shadow || !shadows.empty() ? &shadows : nullptr, slots, copy, dropped);
   if (!dropped.empty()) {  // host full: its LRU entries were dropped (content lost unless held elsewhere)
     st_.host_drops += static_cast<int64_t>(dropped.size());
     for (const auto& d : dropped)
       if (d.second && index_.get(d.first) < 0 && !holds(d.first)) ++st_.shadow_blocks_wasted;
   }
-  std::vector<int32_t> to_host, to_slots;
-  std::vector<H128> to_hashes;
+  std::vector<int32_t>& to_host = to_host_;
+  std::vector<int32_t>& to_slots = to_slots_;
+  std::vector<H128>& to_hashes = to_hashes_;
+  to_host.clear();
+  to_slots.clear();
+  to_hashes.clear();
   for (size_t i = 0; i < victims.size(); ++i) {
     const int32_t b = victims[i];
     if (copy[i]) {
@@ -63,7 +79,7 @@ void KVCore::evict(const std::vector<int32_t>& victims) {
       if (!event_done(event)) {  // parked: reusable after that copy (not indexed: the host serves hits)
         if (!spilling_.contains(b)) spilling_.push_back(b);
         spill_event_[b] = event;
-        spill_hash_[b] = page_hash_[b];
+        spill_hash_[b] = info_[b].hash;
         continue;
       }
     }
@@ -88,8 +104,9 @@ void KVCore::evict(const std::vector<int32_t>& victims) {
 }
 
 void KVCore::give_back(int32_t b, bool lost) {
-  has_hash_[b] = 0;
-  ++gen_[b];
+  info_[b].has_hash = 0;
+  info_[b].canon = 0;
+  ++info_[b].gen;
   const int64_t was_shadow = pool_.give_back(b);
   if (lost) st_.shadow_blocks_wasted += was_shadow;  // shadow content gone without a routed hit
 }
@@ -114,7 +131,9 @@ int32_t KVCore::cancel_spill(const H128& h) {
   spilling_.remove(b);
   spill_event_[b] = py::object();
   note_side_copy({b}, event, false);  // the device->host copy may still read it (an older event)
-  index_.set(h, b);
+  const int32_t old = index_.set(h, b);
+  if (old >= 0 && old != b) info_[old].canon = 0;
+  info_[b].canon = 1;
   pool_.ref[b] = 1;
   ++st_.spills_cancelled;
   return b;
@@ -180,9 +199,9 @@ py::object KVCore::reload_into(std::vector<Item>& items, double now, bool shadow
     }
     const int32_t b = fresh[next++];
     it.page = b;
-    page_hash_[b] = it.hash;
-    has_hash_[b] = 1;
-    index_.insert(it.hash, b);
+    info_[b].hash = it.hash;
+    info_[b].has_hash = 1;
+    info_[b].canon = index_.insert(it.hash, b);
     if (host_->is_shadow(it.slot)) {
       ++shadow_entries;
       if (promote) {  // §3.3: a routed hit makes the content normal

@@ -37,6 +37,11 @@ class PagePool {
     if (is_shadow) num_shadow += n_take;
   }
 
+  void prefetch(int32_t b) const {
+    __builtin_prefetch(&ref[b]);
+    lru[0].prefetch(b);
+  }
+
   void acquire(int32_t b) {  // one more reference (a cached page leaves its LRU)
     if (ref[b] == 0) lru[shadow[b]].remove(b);
     ++ref[b];

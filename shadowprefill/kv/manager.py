@@ -109,6 +109,10 @@ class KVCacheManager:
         core = native_module().KVCore if self.backend == "native" else KVCore
         self._core = core(num_blocks, block_size, self.shadow_cap, cold_age_s, model_id, host_index,
                           self.page_bytes, copy)
+        # the per-iteration calls, bound once (native: vectorcall builtins that skip pybind11's dispatcher)
+        calls = self._core.fast_calls() if self.backend == "native" else (
+            self._core.allocate, self._core.commit, self._core.free, self._core.match, self._core.poll)
+        self._allocate, self._commit, self._free, self._match, self._poll = calls
         self._tables: dict[str, list[int]] = {}       # request id -> its pages, in token order
 
     # ---- request-shaped calls (the scheduler's) ------------------------------------------------------------
@@ -143,7 +147,7 @@ class KVCacheManager:
         need = (computed + num_new_tokens + bs - 1) // bs - len(table)
         if need <= 0:
             return []
-        blocks = self._core.allocate(need, now, shadow)
+        blocks = self._allocate(need, now, shadow)
         if blocks is not None:
             table += blocks
         return blocks
@@ -155,7 +159,7 @@ class KVCacheManager:
         tokens = request.token_ids_upto(n)
         if tokens.__class__ is not list:
             tokens = as_token_sequence(tokens)
-        return self._core.commit(self._tables.get(request.request_id, []), tokens, now, request.tenant, n, hashes)
+        return self._commit(self._tables.get(request.request_id, []), tokens, now, request.tenant, n, hashes)
 
     # ---- queries (no state change) ---------------------------------------------------------------------
     @property
@@ -239,8 +243,7 @@ class KVCacheManager:
         page. promote=True (a routed request) turns hit shadow pages into normal ones (§3.3)."""
         tokens = token_ids if token_ids.__class__ is list else as_token_sequence(token_ids)
         limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
-        blocks, device, host, shadow_tokens, ready = self._core.match(tokens, now, tenant, shadow, promote, limit,
-                                                                      hashes)
+        blocks, device, host, shadow_tokens, ready = self._match(tokens, now, tenant, shadow, promote, limit, hashes)
         return PrefixMatch(blocks, device + host, device, host, shadow_tokens, ready)
 
     def allocate(self, n: int, *, now: float, shadow: bool = False) -> list[int] | None:
@@ -250,7 +253,7 @@ class KVCacheManager:
         None; the same call succeeds on a later iteration."""
         if n.__class__ is not int or n < 0:
             raise ValueError(f"n: expected an int >= 0, got {n!r}")
-        return self._core.allocate(n, now, shadow)
+        return self._allocate(n, now, shadow)
 
     def commit(self, block_ids, token_ids, *, now: float, tenant: str = "", num_tokens: int | None = None,
                hashes: PageHashes | None = None) -> int:
@@ -261,7 +264,7 @@ class KVCacheManager:
         elsewhere gets the hash, for the chain, but stays private and is freed on release)."""
         if token_ids.__class__ is not list:   # (the common case, a list, skips the call)
             token_ids = as_token_sequence(token_ids)
-        return self._core.commit(block_ids, token_ids, now, tenant, num_tokens, hashes)
+        return self._commit(block_ids, token_ids, now, tenant, num_tokens, hashes)
 
     def free(self, block_ids, *, now: float) -> None:
         """Drop one reference on each page: `block_ids`, a list of pages, or a request (all its pages). A page
@@ -272,9 +275,9 @@ class KVCacheManager:
         if block_ids.__class__ is not list and hasattr(block_ids, "request_id"):
             table = self._tables.pop(block_ids.request_id, None)
             if table:
-                self._core.free(table, now)
+                self._free(table, now)
             return
-        self._core.free(block_ids, now)
+        self._free(block_ids, now)
 
     def touch(self, block_ids, *, now: float) -> None:
         """Mark pages used now: cached ones become the most recently used of their class."""
@@ -289,7 +292,7 @@ class KVCacheManager:
 
     def poll(self, now: float) -> None:
         """Retire completed async copies: spilled device pages become free (CUDA; a no-op otherwise)."""
-        self._core.poll(now)
+        self._poll(now)
 
     def import_prefix(self, token_ids, *, now: float, tenant: str = "", shadow: bool = False) -> tuple[int, int]:
         """Make `token_ids`' whole pages resident without computing them: KV that arrives from elsewhere (a
@@ -301,11 +304,11 @@ class KVCacheManager:
         pages = len(tokens) // bs
         if pages == 0:
             return 0, 0
-        blocks = self._core.match(tokens, now, tenant, shadow, False, pages * bs, None)[0]
+        blocks = self._match(tokens, now, tenant, shadow, False, pages * bs, None)[0]
         new = self._core.allocate_up_to(pages - len(blocks), now, shadow)
         blocks += new
-        self._core.commit(blocks, tokens, now, tenant, len(blocks) * bs, None)
-        self._core.free(blocks, now)
+        self._commit(blocks, tokens, now, tenant, len(blocks) * bs, None)
+        self._free(blocks, now)
         return len(blocks) * bs, len(new) * bs
 
     def _copy(self, to_host: bool, src_ids: list[int], dst_ids: list[int]):
