@@ -1,6 +1,7 @@
 """Simulator speed and pool bookkeeping, before and after a change, measured in one run on one machine.
 
-Exports the `shadowprefill` package of a git revision (default: the merge base with main) next to the
+Exports the `shadowprefill` package of a git revision (`--before`, default main) with this tree's compiled
+extensions, or with its own native core compiled from its csrc/ (`--build-before`), next to the
 working tree's, then runs `bench/test_sim_bench.py` (simulated seconds per wall second, GHCP-like, 4 + 4
 instances at ρ = 0.7; simulated seconds per CPU second of the process) and `bench/test_pool_bench.py native`
 (pool bookkeeping per iteration, thread CPU) on each,
@@ -23,11 +24,16 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def export(rev: str, dest: str) -> str:
-    """The package and bench/ of `rev` under dest, with this tree's compiled extensions."""
-    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "shadowprefill", "bench"], check=True,
-                             capture_output=True).stdout
+def export(rev: str, dest: str, build: bool = False) -> str:
+    """The package and bench/ of `rev` under dest, with this tree's compiled extensions, or (`build`) its own:
+    its csrc/ compiled there (`setup.py build_ext --inplace`), so a change to the native core is measured too."""
+    paths = ["shadowprefill", "bench"] + (["setup.py", "pyproject.toml", "CMakeLists.txt", "csrc"] if build else [])
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, *paths], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    if build:
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest, check=True,
+                       capture_output=True, env=dict(os.environ, SHADOWPREFILL_CUDA="0"))
+        return dest
     for so in glob.glob(os.path.join(ROOT, "shadowprefill", "*.so")):
         shutil.copy(so, os.path.join(dest, "shadowprefill"))
     return dest
@@ -69,11 +75,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sim-seconds", type=float, default=60.0)
     ap.add_argument("--no-pool", action="store_true", help="skip the pool bookkeeping bench")
+    ap.add_argument("--build-before", action="store_true",
+                    help="compile the 'before' revision's own native core (default: it runs this tree's)")
     a = ap.parse_args()
     if a.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {a.rounds}")
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"before": export(a.before, tmp), "after": ROOT}
+        trees = {"before": export(a.before, tmp, build=a.build_before), "after": ROOT}
         sims = {k: [] for k in trees}
         pools = {k: [] for k in trees}
         for _ in range(a.rounds):
