@@ -15,8 +15,9 @@ time:
 - streamed shadows (`ShadowTask.streamed`, §3.1, `serve.shadow_stream`): a token-id history is cut to the
   server's whole KV blocks (its `vllm:cache_config_info` block size), and one that adds no block to what
   the session's last streamed shadow here sent is skipped, so each block is computed once.
-A failed submission (server down, timeout) is counted and dropped; the instance is marked down until
-`dead_retry_s` passes. The prototype in D.1 has no per-iteration credit, SLO controller or host tier, and
+A failed submission (server down, connection lost) is counted and dropped; the instance is marked down until
+`dead_retry_s` passes. A shadow that gets no answer within `timeout_s` is counted (`shadow_timed_out`) and
+dropped, and the instance stays up: a server may hold a lowest-priority request behind all its other work. The prototype in D.1 has no per-iteration credit, SLO controller or host tier, and
 neither does this; the built-in server maps the shadow class onto its engine's Algorithm 1 instead.
 """
 from __future__ import annotations
@@ -198,6 +199,9 @@ class ShadowDispatcher:
                 else:
                     inst.stats["shadow_failed"] += 1
                     inst.last_error = f"shadow HTTP {r.status_code}: {r.text[:200]}"
+            except httpx.ReadTimeout as exc:        # alive, but no answer in timeout_s: a shadow may wait behind
+                inst.stats["shadow_timed_out"] += 1  # every routed call (the built-in server holds one up to
+                inst.last_error = f"shadow: {exc!r} after {self.timeout_s} s"   # its shadow_wait_s): not down
             except (httpx.HTTPError, OSError) as exc:
                 inst.stats["shadow_failed"] += 1
                 inst.mark_down(f"shadow: {exc!r}", self.dead_retry_s)

@@ -46,7 +46,8 @@ class HttpInstance:
         self.down_until = 0.0
         self.last_error: str | None = None
         self.dead_retry_s = 5.0
-        self.stats = {"shadow_submitted": 0, "shadow_completed": 0, "shadow_failed": 0, "shadow_superseded": 0,
+        self.stats = {"shadow_submitted": 0, "shadow_completed": 0, "shadow_failed": 0, "shadow_timed_out": 0,
+                      "shadow_superseded": 0,
                       "shadow_dropped_by_routed": 0, "shadow_deferred_busy": 0, "shadow_held_no_queue_metric": 0,
                       "shadow_dropped_by_plane": 0, "shadow_stream_submitted": 0, "shadow_stream_completed": 0,
                       "shadow_stream_skipped": 0, "shadow_aborted_by_routed": 0}

@@ -91,13 +91,13 @@ class FakeUpstream:
 
 @pytest.fixture
 def fleet():
-    def start(stream: bool, shadow_s: float = 0.0, tokens: int = BS):
+    def start(stream: bool, shadow_s: float = 0.0, tokens: int = BS, shadow_timeout_s: float = 120.0):
         small, large = FakeUpstream(), FakeUpstream(shadow_s=shadow_s)
         threads = [AppThread(small.app).start(), AppThread(large.app).start()]
         cfg = ManagerConfig.from_dict({
             "models": {"small": [threads[0].url], "large": [threads[1].url]},
             "api_keys": {"k": "t"}, "tenant_cache_salt": True,
-            "shadow": {"stream": stream, "stream_tokens": tokens, "poll_s": 0.01}})
+            "shadow": {"stream": stream, "stream_tokens": tokens, "poll_s": 0.01, "timeout_s": shadow_timeout_s}})
         mgr = AppThread(lambda: make_manager_app(cfg)).start()
         threads.append(mgr)
         client = httpx.Client(base_url=mgr.url, timeout=30, headers={"Authorization": "Bearer k"})
@@ -196,3 +196,24 @@ def test_stream_settings_are_checked():
         ShadowConfig(stream="yes")
     with pytest.raises(ValueError, match="every"):
         ShadowStream(None, None, [], lambda r: None, 0)
+
+
+def test_a_shadow_that_times_out_leaves_its_server_in_service(fleet):
+    """A server holds a shadow (lowest priority) longer than the manager's shadow timeout: the shadow is counted
+    as timed out and dropped, and the next routed call of the session is served there (marking the server
+    down made it 503, 'no live instance', for dead_retry_s: seen in make test under load, where the built-in
+    server's 60-s shadow wait raced the tests' 60-s shadow timeout)."""
+    rng = random.Random(4)
+    small, large, client, mgr, url = fleet(stream=False, shadow_s=3.0, shadow_timeout_s=0.3)
+    prompt = [rng.randrange(10, 500) for _ in range(50)]
+    out, _ = stream_call(client, prompt, 20)
+    inst = mgr.app[MANAGER_KEY].instances["large"][0]
+    deadline = time.monotonic() + 20
+    while inst.stats["shadow_timed_out"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert inst.stats["shadow_timed_out"] == 1 and inst.stats["shadow_failed"] == 0
+    assert inst.alive and "ReadTimeout" in inst.last_error
+    r = client.post("/v1/completions", headers={"X-Session-Id": "s"},
+                    json={"model": "large", "prompt": prompt + out + [11, 12], "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert large.routed and large.routed[-1]["prompt"] == prompt + out + [11, 12]
