@@ -72,6 +72,16 @@ def _layout(token_seed: int, call_index: int, kind: int, n: int) -> tuple[list[i
     return head, offset, body
 
 
+def _body_slices(offset: int, body: int) -> list[tuple[int, int]]:
+    """The pool slices of a body of `body` ids from `offset` (a body longer than the pool wraps around it)."""
+    out = []
+    while body > 0:
+        take = min(body, _POOL_SIZE - offset)
+        out.append((offset, offset + take))
+        body, offset = body - take, 0
+    return out
+
+
 def token_list(token_seed: int, call_index: int, kind: int, n: int) -> list[int]:
     """Deterministic token ids as a new list of Python ints (kind 0: a call's new input, 1: its recorded
     output): the sequence's identity ids, then a slice of the shared pool (module docstring). The result is
@@ -79,10 +89,8 @@ def token_list(token_seed: int, call_index: int, kind: int, n: int) -> list[int]
     head, offset, body = _layout(token_seed, call_index, kind, n)
     pool = _token_pool()[1]
     out = CheckedTokenIds(head)
-    while body > 0:                              # (a body longer than the pool wraps around it)
-        take = min(body, _POOL_SIZE - offset)
-        out += pool[offset:offset + take]
-        body, offset = body - take, 0
+    for start, stop in _body_slices(offset, body):
+        out += pool[start:stop]
     return out
 
 
@@ -90,12 +98,7 @@ def token_ids(token_seed: int, call_index: int, kind: int, n: int) -> np.ndarray
     """The same ids as `token_list`, as an int32 array."""
     head, offset, body = _layout(token_seed, call_index, kind, n)
     pool = _token_pool()[0]
-    parts = [np.asarray(head, dtype=np.int32)]
-    while body > 0:
-        take = min(body, _POOL_SIZE - offset)
-        parts.append(pool[offset:offset + take])
-        body, offset = body - take, 0
-    return np.concatenate(parts)
+    return np.concatenate([np.asarray(head, dtype=np.int32)] + [pool[a:b] for a, b in _body_slices(offset, body)])
 
 
 @dataclass(frozen=True)

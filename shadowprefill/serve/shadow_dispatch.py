@@ -17,8 +17,9 @@ time:
   the session's last streamed shadow here sent is skipped, so each block is computed once.
 A failed submission (server down, connection lost) is counted and dropped; the instance is marked down until
 `dead_retry_s` passes. A shadow that gets no answer within `timeout_s` is counted (`shadow_timed_out`) and
-dropped, and the instance stays up: a server may hold a lowest-priority request behind all its other work. The prototype in D.1 has no per-iteration credit, SLO controller or host tier, and
-neither does this; the built-in server maps the shadow class onto its engine's Algorithm 1 instead.
+dropped, and the instance stays up: a server may hold a lowest-priority request behind all its other work.
+The prototype in D.1 has no per-iteration credit, SLO controller or host tier, and neither does this; the
+built-in server maps the shadow class onto its engine's Algorithm 1 instead.
 """
 from __future__ import annotations
 
