@@ -222,11 +222,14 @@ class Scheduler:
         if not has_jobs:
             return
         admitted = shadow_work.take(queue, budget, self.kv, now, overlap=self.overlap)
+        if not admitted and self.controller.probe_due(budget):      # liveness: b admits nothing on an idle
+            admitted = shadow_work.take(queue, budget, self.kv, now, overlap=self.overlap, probe=True)
         if admitted:
             batch.prefills.extend(admitted)
             batch.num_shadow += len(admitted)
             batch.reload_tokens += sum(r.chunk_reload_tokens for r, _ in admitted)
-            if budget.branch != "credit":             # b bounds the whole iteration (credit: the added time)
+            if budget.branch != "credit" and not budget.probe:   # b bounds the whole iteration (credit: the
+                                                                    # added time; a probe: nothing)
                 batch.budget_s = budget.seconds
 
     def free_shadow_tokens(self, limit: int, now: float) -> int:
@@ -547,6 +550,7 @@ class Scheduler:
         st, ctl = self.stats, self.controller
         if ctl is not None:
             st.budget_branches = dict(ctl.branch_counts)
+            st.shadow_probes = ctl.probes
             st.credit, st.credit_earned_s, st.credit_spent_s = ctl.credit, ctl.credit_earned, ctl.credit_spent
         st.preemptions = self.num_preemptions
         return st

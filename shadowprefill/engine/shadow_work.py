@@ -247,7 +247,8 @@ class _Admission:
             self._match = None
 
 
-def take(queue: ShadowQueue, budget, kv, now: float, *, overlap=None) -> list[tuple[ShadowRequest, int]]:
+def take(queue: ShadowQueue, budget, kv, now: float, *, overlap=None, probe: bool = False
+         ) -> list[tuple[ShadowRequest, int]]:
     """Algorithm 1 line 15 (`spend.spend_budget`): the scheduler's shadow phase admits chunks of `queue`'s
     shadow requests by switch probability, each the largest whole-page chunk the `budget`
     (controller.ShadowBudget) allows at the request's cached context, until it is spent; a request's short
@@ -256,17 +257,18 @@ def take(queue: ShadowQueue, budget, kv, now: float, *, overlap=None) -> list[tu
     KVCacheManager. `overlap(compute_s, reload_tokens)`: an iteration's seconds when it reads a host-tier
     prefix through a layer-wise reload (model.latency.LatencyModel.overlapped_time, which the
     SimulatedExecutor charges too): the budget counts only what the reload adds beyond the compute
-    (ShadowBudget.reload_s), and no reload starts unless the chunk fits beside it.
+    (ShadowBudget.reload_s), and no reload starts unless the chunk fits beside it. `probe`: one chunk of
+    n_min tokens whatever b says (a liveness probe, controller.ShadowController.probe_due).
 
     O(chunk) work per chunk, not O(context): a shadow request keeps its chain between chunks, so its prefix
     is never re-hashed, and the chain remembers the pages it was found on (generation-checked by the
     manager), so a 64K-token prefix is revalidated without 4,096 hash lookups; only the page list handed to
     the forward pass and the references on it remain O(context), at a few ns per page in the native KV
     core."""
-    if not budget.open or len(queue) == 0:
+    if not (probe or budget.open) or len(queue) == 0:
         return []
     host = _Admission(queue.block_size, budget, kv, now, overlap)
-    spend_budget(budget, queue.runnable(budget.n_min), host, short_last=False)
+    spend_budget(budget, queue.runnable(budget.n_min), host, short_last=False, probe=probe)
     return host.admitted
 
 

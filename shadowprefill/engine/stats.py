@@ -31,6 +31,7 @@ class EngineStats:
     shadow_budget_iterations: int = 0
     shadow_over_budget: int = 0
     shadow_budget_ratio_max: float = 0.0
+    shadow_probes: int = 0                 # liveness probes: idle iterations whose b admitted no chunk
     credit: float = 0.0
     credit_earned_s: float = 0.0
     credit_spent_s: float = 0.0

@@ -42,6 +42,7 @@ from shadowprefill.shadow.policy import BETA, MARGIN, N_MIN, ShadowPolicy, get_s
 from shadowprefill.shadow.view import IterationView
 
 SLO_DECODE_CONTEXT = 1024   # context of the "batch-1 decode" that sets the default TPOT SLO
+LIVENESS_S = 1.0            # an idle instance whose budget admits no chunk still probes this often (probe_due)
 
 
 def default_tpot_slo(predictor, *, minimum: float = 0.025, factor: float = 5.0) -> float:
@@ -59,15 +60,18 @@ class ShadowBudget:
 
     `seconds` is b and `branch` the line that set it ("blocked", "idle", "credit", "slo"). For "credit"
     b bounds the time the shadow chunks add; otherwise it bounds the whole iteration, t̂(B + chunks).
-    `n_min` is the smallest chunk worth running (line 12)."""
+    `n_min` is the smallest chunk worth running (line 12). `scale`: the feedback shrink b carries (t̂'s
+    `budget_scale` when it was planned). `probe`: set by `ShadowController.probe_due`: the iteration runs
+    one chunk of n_min tokens whatever b says, so feedback does not judge it against b."""
 
-    __slots__ = ("seconds", "branch", "n_min", "_used_s", "tokens", "chunks", "_pred", "_ctl", "_marginal",
-                 "_token_room", "_seq_room", "_kv_room", "_view", "_batch_s")
+    __slots__ = ("seconds", "branch", "n_min", "scale", "probe", "_used_s", "tokens", "chunks", "_pred", "_ctl",
+                 "_marginal", "_token_room", "_seq_room", "_kv_room", "_view", "_batch_s")
 
     def __init__(self, seconds: float, branch: str, *, n_min: int = 0, predictor=None, base_s: float | None = 0.0,
                  token_room: int = 0, seq_room: int = 0, view: IterationView | None = None,
-                 controller: "ShadowController | None" = None) -> None:
+                 controller: "ShadowController | None" = None, scale: float = 1.0) -> None:
         self.seconds, self.branch, self.n_min = seconds, branch, max(n_min, 1)
+        self.scale, self.probe = scale, False
         self._used_s = base_s                    # t̂ so far (None: t̂(B), computed when first needed)
         self.tokens = 0                          # shadow tokens taken
         self.chunks = 0
@@ -171,6 +175,16 @@ class ShadowBudget:
         return added
 
     @property
+    def bound_s(self) -> float:
+        """What the iteration was allowed before the feedback shrink: b / scale, plus t̂(B) where b bounds only
+        the time the chunks add (credit). Feedback judges a measured step against this, not the shrunk b: a
+        step near t̂ judged against the shrunk b shrank it again, down to its floor (predictor.feedback)."""
+        allowed = self.seconds / self.scale
+        if not self._marginal:
+            return allowed
+        return self.iteration_s - self.used_s + allowed
+
+    @property
     def fresh_tokens(self) -> int:
         """The tokens a chunk on no cached context could still add (what a stats line reports)."""
         if self.seconds <= 0.0:
@@ -210,6 +224,8 @@ class ShadowController:
         self.credit_earned = 0.0
         self.credit_spent = 0.0
         self.branch_counts = {"blocked": 0, "idle": 0, "credit": 0, "slo": 0}
+        self.probes = 0                  # liveness probes (probe_due)
+        self._last_progress = -math.inf  # view.now of the last plan whose iteration ran shadow tokens
         self.last_branch = ""
         self.last_budget = 0.0
         self.feedback = feedback         # end_iteration reports b overruns (a host with steps in flight: False)
@@ -274,8 +290,29 @@ class ShadowController:
         self._planned = ShadowBudget(b, branch, n_min=self.n_min, predictor=self.predictor,
                                      base_s=0.0 if branch == "credit" else None,
                                      token_room=self.token_budget - view.num_tokens,
-                                     seq_room=self.max_seqs - view.num_seqs, view=view, controller=self)
+                                     seq_room=self.max_seqs - view.num_seqs, view=view, controller=self,
+                                     scale=self.predictor.budget_scale)
         return self._planned
+
+    def probe_due(self, budget: ShadowBudget) -> bool:
+        """Liveness: whether an idle iteration (line 3) whose `budget` admits no shadow chunk runs one probe
+        of n_min tokens anyway; then `budget.probe` is set. Due once LIVENESS_S passed since the last
+        iteration with shadow tokens (`progressed`). Only a measured step relaxes t̂'s feedback shrink or
+        corrects t̂, so without probes an idle instance whose b had shrunk below one chunk (a cold first
+        forward, a machine busy for a moment) never ran shadow work again. An idle iteration delays no
+        request in it; the cost is a routed call that arrives during the probe."""
+        if budget.branch != "idle" or budget._view is None or budget.room() < 1:
+            return False
+        if budget._view.now - self._last_progress < LIVENESS_S:
+            return False
+        budget.probe = True
+        self.probes += 1
+        return True
+
+    def progressed(self, now: float) -> None:
+        """An iteration planned at `now` ran shadow tokens (probe_due's clock). end_iteration calls this for
+        the plan it judges; a host with steps in flight (feedback=False) calls it itself."""
+        self._last_progress = max(self._last_progress, now)
 
     def set_tpot_slo(self, tpot_slo: float) -> None:
         """Change T (e.g. once an engine's step times are measured): βT follows unless `idle_cap_s` fixed it."""
@@ -294,11 +331,14 @@ class ShadowController:
     def end_iteration(self, duration: float, *, busy: bool, decode_only: bool) -> None:
         """Credit accrual: δ × duration of decode-only iterations (Harvest-SLO) or of every busy iteration
         (Harvest) (§3.2, Table 2). `busy`: the iteration carried routed or normal work; `decode_only`: only
-        decodes (no prefill chunk, no shadow chunk). With `feedback`, an iteration whose shadow chunks had to
-        fit its whole time in b reports its measured time to t̂ (predictor.feedback)."""
+        decodes (no prefill chunk, no shadow chunk). With `feedback`, an iteration that ran shadow chunks reports
+        its measured time to t̂ (predictor.feedback: against `bound_s`, b before the shrink, and t̂ of the
+        iteration; a liveness probe is not judged) and counts as shadow progress (`progressed`)."""
         planned, self._planned = self._planned, None
-        if self.feedback and planned is not None and planned.tokens and planned.branch != "credit":
-            self.predictor.feedback(planned.seconds, duration)
+        if self.feedback and planned is not None and planned.tokens:
+            self.progressed(planned._view.now)
+            if not planned.probe and planned.seconds > 0:    # judged against b before the shrink, beside t̂
+                self.predictor.feedback(planned.bound_s, duration, planned.iteration_s)
         policy = self.policy
         if not policy.runs_jobs:
             return

@@ -221,6 +221,29 @@ def test_has_work_stalls_and_rearms():
     assert not n.has_work()
 
 
+def test_an_idle_engine_whose_budget_collapsed_still_finishes_its_shadow_work():
+    """The feedback shrink relaxes only with measured prefill steps; an idle engine whose shrunk b admits
+    no chunk (seen: a cold first forward on a busy CPU) ran none again before the liveness probe
+    (ShadowController.probe_due). With it the job finishes and the probes' measured steps relax the
+    shrink (t̂ is exact here: no probe overruns)."""
+    from shadowprefill.shadow.controller import LIVENESS_S
+    from shadowprefill.shadow.predictor import MIN_SCALE
+
+    e = engine("harvest-slo", n_min=32, idle_cap_s=0.01)
+    e.predictor.budget_scale = MIN_SCALE                       # b = 0.16 ms: below t̂ of any chunk (w0 = 2 ms)
+    e.add_shadow("s", toks(2048, 3))
+    while e.shadow_pending_tokens("s") and e.clock.now() < 600.0:
+        if e.has_work():
+            e.step()
+        else:
+            e.clock.advance(0.05)                              # idle: time passes
+    st = e.stats
+    assert e.shadow_pending_tokens("s") == 0 and st.shadow_tokens == 2048
+    assert st.shadow_probes > 0 and e.predictor.overruns == 0
+    assert e.predictor.budget_scale > MIN_SCALE                 # measured steps relaxed the shrink
+    assert st.shadow_probes <= e.clock.now() / LIVENESS_S + 1   # at most one probe per LIVENESS_S
+
+
 def test_switch_call_cancels_its_shadow_job():
     e = engine("harvest-slo", n_min=16, idle_cap_s=0.002 + 20 * 16 * 2e-5)   # ~20 pages per iteration
     e.add_shadow("s", toks(3000, 1))

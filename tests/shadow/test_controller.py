@@ -14,7 +14,7 @@ from shadowprefill.engine import LLMEngine, SimulatedExecutor
 from shadowprefill.engine.config import EngineConfig
 from shadowprefill.engine.request import Priority, Request, RequestStatus
 from shadowprefill.engine.scheduler import ScheduledBatch
-from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
+from shadowprefill.shadow.controller import LIVENESS_S, ShadowController, default_tpot_slo, default_ttft_slo
 from shadowprefill.engine.shadow_work import ShadowQueue
 from shadowprefill.shadow.predictor import IterationPredictor
 
@@ -346,6 +346,7 @@ def test_n_min_defers_small_chunks():
     above = W[0] + W[1] * 256 + W[2] * 256 * 256
     ctl, pool, jobs = make(n_min=256, idle_cap_s=below)
     jobs.upsert("s", tokens(4096), now=0.0)
+    ctl.progressed(0.5)                                    # shadow work ran 0.5 s ago: no liveness probe due
     assert ctl.plan(batch_of(1.0), 1.0) == []
     assert pool.num_free_blocks == 1024                    # nothing taken
     ctl, pool, jobs = make(n_min=256, idle_cap_s=above * (1 + 1e-9))
@@ -355,6 +356,49 @@ def test_n_min_defers_small_chunks():
     ctl, pool, jobs = make(n_min=256)
     jobs.upsert("small", tokens(250), now=0.0)
     assert ctl.plan(batch_of(1.0), 1.0) == []
+
+
+def test_idle_liveness_probe_when_the_budget_admits_nothing():
+    """An idle instance whose b admits no chunk runs one probe of n_min tokens once LIVENESS_S passed since
+    the last shadow progress (probe_due): only a measured step can show t̂ or its shrink wrong."""
+    below = W[0] + W[1] * 255 + W[2] * 255 * 255          # βT just below a 256-token chunk (as above)
+    ctl, pool, jobs = make(n_min=256, idle_cap_s=below)
+    jobs.upsert("s", tokens(4096), now=0.0)
+    b = batch_of(1.0)
+    chunks = ctl.plan(b, 1.0)                              # no progress yet: due
+    assert [c.num_new for c in chunks] == [256] and ctl.probes == 1
+    assert b.budget_s == 0.0                               # not counted as an iteration bounded by b
+    scale = ctl.predictor.budget_scale
+    ctl.on_iteration_end(b, 100 * below)                   # far past b: a probe is not judged against it
+    assert ctl.predictor.overruns == 0 and ctl.predictor.budget_scale == scale
+    assert ctl.plan(batch_of(1.0 + 0.9 * LIVENESS_S), 1.0 + 0.9 * LIVENESS_S) == []     # not due yet
+    later = batch_of(1.0 + LIVENESS_S)
+    assert planned(ctl.plan(later, later.now)) == 256 and ctl.probes == 2
+    assert ctl.engine.stats.shadow_probes == 2
+    # never on a busy iteration: a decode with no slack blocks shadow work whatever the time since progress
+    ctl, pool, jobs = make(n_min=256, idle_cap_s=below)
+    jobs.upsert("s", tokens(4096), now=0.0)
+    late = decoding("d", 100, f=0.0, k=5, tpot=T)          # Eq. 1 deadline long past at t = 10
+    assert ctl.plan(batch_of(10.0, decodes=[late]), 10.0) == [] and ctl.probes == 0
+
+
+def test_a_shrunk_budget_is_judged_before_its_shrink():
+    """Feedback judges a shadow step against b before the shrink (ShadowBudget.bound_s): a step measured
+    near t̂ under a shrunk b must not shrink it again, or b collapses to its floor for good."""
+    ctl, pool, jobs = make(n_min=16)
+    pred = ctl.predictor
+    pred.budget_scale = 0.5
+    jobs.upsert("s", tokens(4096), now=0.0)
+    b = batch_of(1.0)
+    assert planned(ctl.plan(b, 1.0)) > 0 and ctl.probes == 0
+    shrunk = b.budget_s
+    assert shrunk == pytest.approx(0.5 * ctl.cap)
+    ctl.on_iteration_end(b, 2.0 * shrunk)                  # past 1.5 x the shrunk b, within the unshrunk one
+    assert pred.overruns == 0 and pred.budget_scale == 0.5
+    b2 = batch_of(2.0)
+    assert planned(ctl.plan(b2, 2.0)) > 0 and b2.budget_s == shrunk
+    ctl.on_iteration_end(b2, 4.0 * shrunk)                 # past 1.5 x the unshrunk b: shrinks
+    assert pred.overruns == 1 and pred.budget_scale < 0.5
 
 
 # ----------------------------------------------------------------------------------------- line 15

@@ -42,7 +42,6 @@ from shadowprefill.integrations.vllm.connector import (  # noqa: E402
 logger = logging.getLogger("vllm.shadowprefill")  # under vLLM's configured logger
 
 _IDLE_SLEEP_S = 0.002          # an engine step that scheduled nothing while shadows wait (vLLM then loops)
-_LIVENESS_S = 1.0              # an idle instance whose t̂ rejects every chunk still probes this often
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _QUEUED = _WAITING + (RequestStatus.WAITING_FOR_REMOTE_KVS,)   # in vLLM's waiting queues (connector: parked loads)
 
@@ -193,7 +192,6 @@ class ShadowScheduler(Scheduler):
                                            margin=cfg.margin, n_min=cfg.n_min, feedback=False)   # see below
         self._slo_fixed = cfg.tpot_slo_s is not None or cfg.warmup_steps == 0
         self._decode_steps = 0                          # measured decode-only steps (identify t̂'s decode part)
-        self._last_progress = time.monotonic()          # last step with shadow tokens
         self._shadows: dict[str, object] = {}           # live shadow requests by id
         self._first_token: dict[str, float] = {}        # f_r of non-shadow requests (wall clock)
         self._ttft_slo: dict[str, float] = {}           # F_r by request (paper's rule, fixed on first sight)
@@ -459,9 +457,8 @@ class ShadowScheduler(Scheduler):
         step.warm = self._slo_fixed and self.predictor.warm
         if step.warm:           # guardrails: a step's shadow tokens at most 2x the largest measured prefill step
             allowance = min(budget.fresh_tokens, self.predictor.chunk_limit())
-            if budget.branch == "idle" and allowance < budget.n_min and self._shadows \
-                    and time.monotonic() - self._last_progress >= _LIVENESS_S:
-                step.warm, allowance = False, budget.n_min      # t̂ may be stale: one probe refreshes it
+            if allowance < budget.n_min and self._shadows and self.controller.probe_due(budget):
+                step.warm, allowance = False, budget.n_min      # t̂ or its shrink may be stale: one probe
         else:                   # t̂ uncalibrated: probe chunks of n_min, on idle steps only (they teach t̂)
             allowance = budget.n_min if budget.branch == "idle" else 0
         if self._pause_state != PauseState.UNPAUSED:
@@ -578,17 +575,16 @@ class ShadowScheduler(Scheduler):
         predicted = self.predictor.predict(prefill, decode_ctx)         # t̂ as the budget saw it (before refit)
         shadow_s = sum(self.predictor.chunk_time(n, c) for n, c in step.shadow_chunks)
         b = step.budget
-        bound = None                # feedback: what a shadow-carrying step was allowed (credit: beside t̂(B)),
-        if step.shadow_chunks and b.seconds > 0:   # b before the feedback's own shrink: judged against the
-            scale = self.predictor.budget_scale     # shrunk b, steps near t̂ kept shrinking it to its floor
-            bound = b.seconds / scale + (predicted - shadow_s if b.branch == "credit" else 0.0)
+        bound = None                # feedback: what a shadow-carrying step was allowed before the shrink
+        if step.shadow_chunks and b.seconds > 0 and not b.probe:   # (controller.ShadowBudget.bound_s)
+            bound = b.bound_s
         self.predictor.observe(prefill, decode_ctx, duration, bound_s=bound, predicted_s=predicted)
         busy = bool(step.decodes or step.prefills)
         decode_only = busy and not step.prefills and not step.shadow_chunks
         self.controller.end_iteration(duration, busy=busy, decode_only=decode_only)
         self._decode_steps += decode_only
         if step.shadow_chunks:
-            self._last_progress = time.monotonic()
+            self.controller.progressed(step.wall)       # the liveness probe's clock (controller.probe_due)
         if not self._slo_fixed:     # the rule needs decode steps: t̂'s decode part is unidentified without them
             warmup = self.shadow_config.warmup_steps
             self._update_slo(fix=self.predictor.num_observations >= warmup and self._decode_steps >= warmup // 2)
