@@ -39,6 +39,7 @@ from shadowprefill.kv.stats import PoolStats
 from shadowprefill.model.latency import LatencyModel
 from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
 from shadowprefill.shadow.jobs import check_token_ids
+from shadowprefill.shadow.policy import whole_block_n_min
 from shadowprefill.shadow.predictor import IterationPredictor
 
 
@@ -124,8 +125,9 @@ class LLMEngine:
                                  page_bytes=0 if kv_cache is not None else page_bytes,
                                  shadow_fraction=config.shadow_fraction, cold_age_s=config.cold_age_s,
                                  model_id=config.model_id)
+        self.n_min = whole_block_n_min(config.n_min, bs)   # chunks are whole pages (policy.whole_block_n_min)
         self.predictor = IterationPredictor(latency_model, forgetting=config.predictor_forgetting,
-                                            probe_tokens=max(1, config.n_min))   # t̂ probes n_min until warm
+                                            probe_tokens=self.n_min)   # t̂ probes n_min until warm
         self.latency_model = latency_model        # one model: t̂'s seed, host reloads (Alg. 1), placement estimates
         self._overlap = getattr(latency_model, "overlapped_time", None)
         self._host_transfer = getattr(latency_model, "host_transfer_time", None)
@@ -134,7 +136,7 @@ class LLMEngine:
         self.controller = ShadowController(config.shadow_mode, self.predictor, tpot_slo=tpot,
                                            token_budget=config.token_budget, max_seqs=config.max_seqs,
                                            beta=config.beta, delta=config.delta, margin=config.margin,
-                                           n_min=config.n_min, idle_cap_s=config.idle_cap_s)
+                                           n_min=self.n_min, idle_cap_s=config.idle_cap_s)
         self.policy = self.controller.policy
         self._stats = EngineStats()
         self.scheduler = Scheduler(config, self.kv, self._stats, controller=self.controller, overlap=self._overlap,
@@ -266,7 +268,7 @@ class LLMEngine:
         """Requests queued or running, or shadow work that can run now."""
         if self.scheduler.has_unfinished():
             return True
-        return self.clock.now() >= self._shadow_retry_at and self.shadow.has_runnable(self.config.n_min)
+        return self.clock.now() >= self._shadow_retry_at and self.shadow.has_runnable(self.n_min)
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration on the engine's clock; outputs of streaming requests that got a token and of

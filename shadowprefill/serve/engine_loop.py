@@ -147,7 +147,7 @@ class EngineLoop:
         if not self._waiters:
             return
         engine, now = self.engine, time.monotonic()
-        need = max(engine.config.n_min, 1)
+        need = engine.n_min
         keep = []
         for w in self._waiters:
             if engine.shadow_pending_tokens(w.session_id) < need or now >= w.deadline or w.future.done():

@@ -100,6 +100,14 @@ EAGER = ShadowPolicy("eager", as_requests=True)
 SHADOW_POLICIES: dict[str, ShadowPolicy] = {p.name: p for p in (NONE, HARVEST, HARVEST_SLO, EAGER)}
 
 
+def whole_block_n_min(n_min: int, block_size: int) -> int:
+    """`n_min` rounded up to whole KV blocks: shadow chunks are whole blocks, so a smaller n_min admits no
+    chunk at all (seen: n_min 32 on vLLM-CPU's default 128-token blocks, where shadows never ran)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+    return -(-max(n_min, 1) // block_size) * block_size
+
+
 def get_shadow_policy(policy: "str | ShadowPolicy") -> ShadowPolicy:
     """A policy by name ("none", "harvest", "harvest-slo", "eager") or as given."""
     if isinstance(policy, ShadowPolicy):

@@ -244,6 +244,24 @@ def test_an_idle_engine_whose_budget_collapsed_still_finishes_its_shadow_work():
     assert st.shadow_probes <= e.clock.now() / LIVENESS_S + 1   # at most one probe per LIVENESS_S
 
 
+@pytest.mark.parametrize("n_min", [8, 16, 24])
+def test_n_min_is_rounded_up_to_whole_pages(n_min):
+    """Shadow chunks are whole pages: an n_min below one page admitted no chunk at all (t̂'s warm-up probes
+    were n_min tokens, zero whole pages), so the job never ran (seen with the vLLM plugin: n_min 32 on
+    128-token blocks). The engine and the plugin both round it up (policy.whole_block_n_min)."""
+    from shadowprefill.shadow.policy import whole_block_n_min
+
+    assert [whole_block_n_min(n, 16) for n in (1, 8, 16, 17, 32, 256)] == [16, 16, 16, 32, 32, 256]
+    with pytest.raises(ValueError, match="block_size"):
+        whole_block_n_min(16, 0)
+    e = engine("harvest-slo", n_min=n_min, block_size=16)
+    assert e.n_min == whole_block_n_min(n_min, 16) and e.predictor.probe_tokens == e.n_min
+    e.add_shadow("s", toks(640, 5))
+    while e.has_work() and e.clock.now() < 60.0:
+        e.step()
+    assert e.shadow_pending_tokens("s") == 0 and e.stats.shadow_tokens == 640
+
+
 def test_switch_call_cancels_its_shadow_job():
     e = engine("harvest-slo", n_min=16, idle_cap_s=0.002 + 20 * 16 * 2e-5)   # ~20 pages per iteration
     e.add_shadow("s", toks(3000, 1))

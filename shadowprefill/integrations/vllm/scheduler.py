@@ -22,6 +22,7 @@ from shadowprefill.integrations.vllm.seed import make_predictor
 from shadowprefill.integrations.vllm.shadow_kv import ShadowKV
 from shadowprefill.integrations.vllm.stats import StepStatsWriter
 from shadowprefill.shadow.controller import ShadowController, default_tpot_slo, default_ttft_slo
+from shadowprefill.shadow.policy import whole_block_n_min
 from shadowprefill.shadow.spend import spend_budget
 from shadowprefill.shadow.view import IterationView
 
@@ -184,12 +185,16 @@ class ShadowScheduler(Scheduler):
         self._deferred_frees = DeferredShadowFrees()
         self._kv = ShadowKV(self.kv_cache_manager.block_pool,
                             int(cfg.shadow_fraction * (kv_cache_config.num_blocks - 1)), cfg.cold_age_s)
-        self.predictor = make_predictor(vllm_config, cfg.n_min)
+        n_min = whole_block_n_min(cfg.n_min, self.block_size)      # chunks are whole blocks
+        if n_min != cfg.n_min:
+            logger.warning("ShadowScheduler: n_min %d is not a whole number of %d-token blocks; using %d",
+                           cfg.n_min, self.block_size, n_min)
+        self.predictor = make_predictor(vllm_config, n_min)
         slo = cfg.tpot_slo_s if cfg.tpot_slo_s is not None else default_tpot_slo(self.predictor)
         self.controller = ShadowController(cfg.policy, self.predictor, tpot_slo=slo,
                                            token_budget=self.max_num_scheduled_tokens,
                                            max_seqs=self.max_num_running_reqs, beta=cfg.beta, delta=cfg.delta,
-                                           margin=cfg.margin, n_min=cfg.n_min, feedback=False)   # see below
+                                           margin=cfg.margin, n_min=n_min, feedback=False)   # see below
         self._slo_fixed = cfg.tpot_slo_s is not None or cfg.warmup_steps == 0
         self._decode_steps = 0                          # measured decode-only steps (identify t̂'s decode part)
         self._shadows: dict[str, object] = {}           # live shadow requests by id
@@ -209,7 +214,7 @@ class ShadowScheduler(Scheduler):
         logger.info("ShadowScheduler: shadow priority >= %d, policy %s, TPOT SLO %s, shadow cap %d of %d blocks, "
                     "n_min %d, stats %s", cfg.shadow_priority, cfg.policy,
                     f"{slo * 1e3:.1f} ms" if self._slo_fixed else "from measured steps", self._kv.cap,
-                    kv_cache_config.num_blocks, cfg.n_min, path)
+                    kv_cache_config.num_blocks, n_min, path)
 
     def _check_supported(self, vllm_config, kv_cache_config) -> None:
         def refuse(what: str) -> None:
