@@ -228,8 +228,8 @@ class Scheduler:
             batch.prefills.extend(admitted)
             batch.num_shadow += len(admitted)
             batch.reload_tokens += sum(r.chunk_reload_tokens for r, _ in admitted)
-            if budget.branch != "credit" and not budget.probe:   # b bounds the whole iteration (credit: the
-                                                                    # added time; a probe: nothing)
+            # b bounds the whole iteration (credit: only the added time; a liveness probe: nothing)
+            if budget.branch != "credit" and not budget.probe:
                 batch.budget_s = budget.seconds
 
     def free_shadow_tokens(self, limit: int, now: float) -> int:

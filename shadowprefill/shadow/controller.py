@@ -337,7 +337,7 @@ class ShadowController:
         planned, self._planned = self._planned, None
         if self.feedback and planned is not None and planned.tokens:
             self.progressed(planned._view.now)
-            if not planned.probe and planned.seconds > 0:    # judged against b before the shrink, beside t̂
+            if not planned.probe:                    # judged against b before the shrink, beside t̂
                 self.predictor.feedback(planned.bound_s, duration, planned.iteration_s)
         policy = self.policy
         if not policy.runs_jobs:
