@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from shadowprefill.engine.scheduler import ADMISSIONS
+from shadowprefill.engine.shadow_work import LOST_SHADOW
 from shadowprefill.shadow.policy import SHADOW_POLICIES, ShadowSettings
 
 SHADOW_MODES = tuple(SHADOW_POLICIES)
@@ -52,7 +53,9 @@ class EngineConfig(ShadowSettings):
     (`beta`, `delta`, `margin`, `n_min`, `shadow_fraction`, `cold_age_s`, `tpot_slo_s`, `ttft_slo_s`) are
     `ShadowSettings`' (keyword-only). `idle_cap_s`: overrides β·T as the cap of shadow-only iterations;
     `default_switch_prob`: a job's probability when the caller gives none (the Predictive gate is the
-    orchestration core's: `cluster.ClusterManager(min_switch_prob=...)`).
+    orchestration core's: `cluster.ClusterManager(min_switch_prob=...)`). `lost_shadow`: what a shadow
+    request whose computed prefix was evicted does, "recompute" (the paper's; the default) or "wait" for its
+    session's next history (engine.shadow_work).
 
     SLOs: `ttft_slo_s` / `tpot_slo_s` fix the per-request SLOs; None applies the paper's rule (§5.1)
     TTFT <= max(`min_ttft_slo_s`, 5 x isolated prefill), TPOT <= max(`min_tpot_slo_s`, 5 x batch-1
@@ -69,6 +72,7 @@ class EngineConfig(ShadowSettings):
     page_bytes: int = 0
     idle_cap_s: float | None = None
     default_switch_prob: float = 0.5
+    lost_shadow: str = "recompute"
     min_ttft_slo_s: float = 1.0
     min_tpot_slo_s: float = 0.025
     slo_factor: float = 5.0
@@ -91,6 +95,8 @@ class EngineConfig(ShadowSettings):
         _check_int("page_bytes", self.page_bytes, 0)
         _check_number("idle_cap_s", self.idle_cap_s, allow_none=True)
         _check_number("default_switch_prob", self.default_switch_prob, maximum=1.0)
+        if self.lost_shadow not in LOST_SHADOW:
+            raise ValueError(f"lost_shadow must be one of {LOST_SHADOW}, got {self.lost_shadow!r}")
         _check_number("min_ttft_slo_s", self.min_ttft_slo_s)
         _check_number("min_tpot_slo_s", self.min_tpot_slo_s)
         _check_number("slo_factor", self.slo_factor)

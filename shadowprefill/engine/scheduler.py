@@ -33,7 +33,7 @@ from shadowprefill.engine.decode_batch import DecodeSet
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.engine.shadow_work import ShadowQueue, ShadowWork
 from shadowprefill.kv.manager import PrefixMatch
-from shadowprefill.shadow.view import IterationView, decode_contexts, prefill_pairs
+from shadowprefill.shadow.view import IterationView, prefill_pairs
 
 ADMISSIONS = ("fcfs", "routed-first")
 
@@ -47,6 +47,7 @@ def _rank_fcfs(r: Request) -> int:
 
 
 _priority = operator.attrgetter("priority")
+_num_tokens = operator.attrgetter("num_tokens")
 
 
 class ScheduledBatch:
@@ -112,9 +113,10 @@ class ScheduledBatch:
 
     def decode_contexts(self) -> list[int]:
         """Each decode's context (shadow.view.decode_contexts), computed once per iteration: the decodes do not
-        change once the requests are scheduled (call it before postprocess)."""
+        change once the requests are scheduled (call it before postprocess). A decode's one uncomputed token
+        is its last, so its context (computed + 1) is its num_tokens: read in one C-level pass."""
         if self._contexts is None:
-            self._contexts = decode_contexts(self.decodes)
+            self._contexts = list(map(_num_tokens, self.decodes))
         return self._contexts
 
     def shape(self) -> tuple[list[tuple[int, int]], list[int]]:
@@ -139,7 +141,7 @@ class Scheduler:
         self.stats = stats                            # engine.stats.EngineStats: every counter
         self.controller = controller
         self.overlap = overlap
-        shadow_queue = ShadowQueue(config.block_size, config.default_switch_prob)
+        shadow_queue = ShadowQueue(config.block_size, config.default_switch_prob, config.lost_shadow)
         self.shadow = None if controller is None else ShadowWork(self, controller, shadow_queue, max_len=max_len)
         self._runs_jobs = controller is not None and controller.policy.runs_jobs
         self._seq = itertools.count()

@@ -5,7 +5,10 @@ engine's model should hold it, and grows as the cluster manager appends a routed
 routed model's output (`extend`); a newer history supersedes it (`update`: the longest common prefix is
 kept, `shadow.jobs.supersede`). `num_cached` is the page-aligned prefix the engine is believed to cache,
 refreshed from the prefix cache whenever a chunk is admitted, so a shadow evicted mid-way is simply
-recomputed from what is left.
+recomputed from what is left (`lost_shadow="recompute"`, the default), or (`"wait"`) waits for its
+session's next history before it computes again: without a host tier, where evict-first shadow pages rarely
+survive the pool's turnover, recomputing them filled 4-18% of the iterations with chunks no call used
+(docs/paper-comparison.md §6, "Without the host tier").
 
 - Harvest / Harvest-SLO: the shadow requests wait in the scheduler's queue as its lowest class
   (`Scheduler.waiting[Priority.SHADOW]`, a `ShadowQueue`: by session, in order of switch probability).
@@ -33,6 +36,8 @@ from shadowprefill.shadow.spend import spend_budget
 
 logger = logging.getLogger(__name__)
 
+LOST_SHADOW = ("recompute", "wait")   # what a shadow request whose computed prefix was evicted does
+
 
 class ShadowRequest(Request):
     """One session's shadow job on this engine: a prefill-only request of the shadow class (or, under
@@ -45,7 +50,7 @@ class ShadowRequest(Request):
     by a generation check per page instead of a lookup."""
 
     __slots__ = ("switch_prob", "num_cached", "version", "updated_at", "tokens_computed", "page_hashes",
-                 "chunk_version", "chunk_reload_tokens", "_computing")
+                 "chunk_version", "chunk_reload_tokens", "_computing", "stalled")
 
     def __init__(self, request_id: str, session_id: str, token_ids: list[int], switch_prob: float, tenant: str,
                  arrival_seq: int, now: float, priority: Priority = Priority.SHADOW) -> None:
@@ -60,6 +65,7 @@ class ShadowRequest(Request):
         self.chunk_version = -1      # version of the chunk in flight (-1: none)
         self.chunk_reload_tokens = 0  # host-tier tokens reloaded for the chunk in flight
         self._computing = None       # the history the chunk in flight computes, once a rewrite replaced it
+        self.stalled = False         # lost_shadow="wait": its computed prefix was evicted; waits for `update`
 
     # --------------------------------------------------------------------------------------- history
     @property
@@ -88,6 +94,8 @@ class ShadowRequest(Request):
         """Replace the history (newer history supersedes pending work; shadow.jobs.supersede)."""
         old = self._token_ids
         kept, self.num_cached, rewritten = supersede(old, token_ids, self.num_cached, block_size)
+        if self.stalled:             # one more try per new history: the next lookup finds what is cached
+            self.stalled, self.num_cached = False, 0
         if self.chunk_version >= 0 and self._computing is None:
             self._computing = old    # the chunk in flight registers the pages of what it computed
         self._set(token_ids)
@@ -114,10 +122,13 @@ class ShadowQueue:
     """The lowest class of the scheduler's waiting queue: one `ShadowRequest` per session, iterated in order
     of switch probability (highest first, then oldest), the order of Alg. 1 line 15."""
 
-    def __init__(self, block_size: int, default_switch_prob: float = 0.5) -> None:
+    def __init__(self, block_size: int, default_switch_prob: float = 0.5, lost_shadow: str = "recompute") -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        if lost_shadow not in LOST_SHADOW:
+            raise ValueError(f"lost_shadow must be one of {LOST_SHADOW}, got {lost_shadow!r}")
         self.block_size = block_size
+        self.wait_lost = lost_shadow == "wait"
         self.default_switch_prob = check_switch_prob(default_switch_prob)
         self._jobs: dict[str, ShadowRequest] = {}
         self._order: list[ShadowRequest] | None = []
@@ -184,7 +195,7 @@ class ShadowQueue:
         bs = self.block_size
         need = max(n_min, 1)
         for job in self.ordered():
-            if job.pending_tokens(bs) >= need:
+            if job.pending_tokens(bs) >= need and not job.stalled:
                 yield job
 
     def has_runnable(self, n_min: int) -> bool:
@@ -200,10 +211,11 @@ class _Admission:
     request is the scheduler's request path with `shadow=True`: `locate` gets its computed (cached) blocks,
     `allocate` its slots (shadow class), `release` frees a request whose chunk was not taken."""
 
-    __slots__ = ("block_size", "kv", "now", "budget", "overlap", "host_aware", "_match", "admitted")
+    __slots__ = ("block_size", "kv", "now", "budget", "overlap", "host_aware", "wait_lost", "_match", "admitted")
 
-    def __init__(self, block_size: int, budget, kv, now: float, overlap) -> None:
+    def __init__(self, block_size: int, budget, kv, now: float, overlap, wait_lost: bool = False) -> None:
         self.block_size, self.kv, self.now, self.budget, self.overlap = block_size, kv, now, budget, overlap
+        self.wait_lost = wait_lost
         self.host_aware = overlap is not None and kv.has_host_tier
         self._match = None
         self.admitted: list[tuple[ShadowRequest, int]] = []
@@ -220,6 +232,9 @@ class _Admission:
             r.page_hashes = kv.hash_chain(history, tenant=r.tenant)
         if self.host_aware:
             dev, host = kv.peek_prefix(history, tenant=r.tenant, max_tokens=limit, hashes=r.page_hashes)
+            if self.wait_lost and dev + host < r.num_cached:
+                r.stalled = True                 # its computed prefix was evicted: wait for new history
+                return None
             if host:        # no reload (match) unless the chunk fits beside it
                 k = min(limit - dev - host, budget.room(), budget.fits(dev + host, reload=(self.overlap, host)))
                 if k - k % bs < budget.n_min:
@@ -227,6 +242,10 @@ class _Admission:
                     return None
         match = self._match = kv.get_computed_blocks(r, now=self.now, max_tokens=limit, shadow=True,
                                                      hashes=r.page_hashes)
+        if self.wait_lost and match.num_tokens < r.num_cached:
+            r.stalled = True                     # its computed prefix was evicted: wait for new history
+            self.release(r)
+            return None
         r.num_computed_tokens = r.num_cached = match.num_tokens
         reload = (self.overlap, match.host_tokens) if match.host_tokens and self.overlap is not None else None
         return match.num_tokens, limit - match.num_tokens, reload
@@ -267,7 +286,7 @@ def take(queue: ShadowQueue, budget, kv, now: float, *, overlap=None, probe: boo
     core."""
     if not (probe or budget.open) or len(queue) == 0:
         return []
-    host = _Admission(queue.block_size, budget, kv, now, overlap)
+    host = _Admission(queue.block_size, budget, kv, now, overlap, queue.wait_lost)
     spend_budget(budget, queue.runnable(budget.n_min), host, short_last=False, probe=probe)
     return host.admitted
 

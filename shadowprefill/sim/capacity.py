@@ -58,7 +58,7 @@ class CapacityProbe:
 # build_instance sets itself; every other engine field is part of the query (and of its fingerprint)
 NOT_IN_PROBE = frozenset({"num_blocks", "page_bytes", "model_id", "shadow_mode", "beta", "delta", "margin", "n_min",
                           "shadow_fraction", "cold_age_s", "host_tier_gib", "idle_cap_s",
-                          "default_switch_prob"})
+                          "default_switch_prob", "lost_shadow"})
 
 
 def probe_engine(engine: EngineConfig) -> dict:

@@ -37,6 +37,11 @@ from shadowprefill.sim.policies import Policy, get_policy
 _STEP, _CALL, _NORMAL, _WINDOW, _TIMER = 0, 1, 2, 3, 4
 
 
+# PoolStats counters summed over the instances into RunResult.extra["pool"]
+_POOL_TOTALS = ("shadow_blocks_allocated", "shadow_blocks_promoted", "shadow_blocks_wasted", "shadow_evictions",
+                "normal_evictions", "spills", "reloads", "host_hit_tokens", "shadow_hit_tokens", "host_drops")
+
+
 class Simulator:
     """One run of one policy over given sessions and normal traffic (build a new one per policy)."""
 
@@ -299,6 +304,14 @@ class Simulator:
         result.extra.update(credit_earned_s=earned, credit_spent_s=spent, budget_branches=branches,
                             shadow_budget_iterations=checked, shadow_over_budget=over,
                             shadow_budget_ratio_max=ratio_max)
+        pool = dict.fromkeys(_POOL_TOTALS, 0)       # where shadow pages went (bench/shadow_fate.py)
+        for inst in self.instances:
+            ks = inst.engine.kv_stats
+            for k in _POOL_TOTALS:
+                pool[k] += getattr(ks, k)
+        pool["iterations"] = sum(inst.engine.stats.iterations for inst in self.instances)
+        pool["shadow_chunks"] = sum(inst.engine.stats.shadow_chunks for inst in self.instances)
+        result.extra["pool"] = pool
         result.extra.update(instances=len(self.instances), shadow_use_tracked=tracked,
                             oracle_tokens=self.manager.oracle_tokens,
                             shadow_jobs_created=self.manager.shadow_jobs_created,

@@ -174,12 +174,13 @@ class _Linear:
         return 1e-3 + 2e-5 * sum(n for n, _ in prefill) + 1e-4 * len(decode_contexts)
 
 
-def _engine(token_budget=64):
+def _engine(token_budget=64, lost_shadow="recompute"):
     from shadowprefill.engine.config import EngineConfig
     from shadowprefill.engine.executor import SimulatedExecutor
     from shadowprefill.engine.llm_engine import LLMEngine
     e = LLMEngine(SimulatedExecutor(_Linear()), EngineConfig(block_size=BS, num_blocks=128, token_budget=token_budget,
-                                                             n_min=BS, idle_cap_s=1.0, shadow_mode="harvest-slo"))
+                                                             n_min=BS, idle_cap_s=1.0, shadow_mode="harvest-slo",
+                                                             lost_shadow=lost_shadow))
     e.predictor.warm_steps, e.predictor.growth = 0, None     # t̂ trusted as seeded: no n_min probes
     return e
 
@@ -255,3 +256,45 @@ def test_cancel_while_a_chunk_is_in_flight_keeps_its_pages_cached():
     _finish(e, it)
     assert _peek(e, a) == n == 64 and e.kv.block_table(r) == [] and not e.has_work()
     assert e.kv.num_shadow_blocks == 4                 # cached, shadow class, evict-first
+
+
+@pytest.mark.parametrize("lost_shadow", ["recompute", "wait"])
+def test_a_shadow_whose_prefix_was_evicted_recomputes_or_waits_for_new_history(lost_shadow):
+    """lost_shadow="recompute" (the paper's): the next chunk starts again from what is left; "wait": the
+    request computes nothing until its session's next history, then tries once more from what is cached."""
+    rng = random.Random(13)
+    e = _engine(lost_shadow=lost_shadow)
+    a = _rand(rng, 160)
+    e.add_shadow("s", a)
+    it, r, n = _in_flight(e)
+    _finish(e, it)
+    assert r.num_cached == 64 and _peek(e, a) == 64
+    kv = e.kv
+    evicting = kv.allocate(kv.num_free_blocks + 4, now=e.clock.now())    # every shadow page goes (evict-first)
+    kv.free(evicting, now=e.clock.now())
+    assert kv.stats.shadow_evictions == 4 and _peek(e, a) == 0
+    computed = e.stats.shadow_tokens
+    if lost_shadow == "recompute":
+        it, r2, n = _in_flight(e)
+        assert r2 is r and r.num_computed_tokens == 0 and n == 64        # from the start again
+        _finish(e, it)
+        assert e.stats.shadow_tokens == computed + 64
+        return
+    assert e.schedule_step() is None and r.stalled and r.num_cached == 64   # nothing runs; the belief stays
+    assert e.stats.shadow_tokens == computed
+    more = _rand(rng, 40)
+    e.add_shadow("s", a + more)                          # the session's next history: one more try
+    assert not r.stalled and r.num_cached == 0
+    for _ in range(100):                                 # (bounded: a stalled request must not hang the test)
+        if not e.has_work():
+            break
+        e.step()
+    assert _peek(e, a + more) == 192 and r.num_cached == 192 and e.stats.shadow_tokens == computed + 192
+
+
+def test_lost_shadow_validation():
+    from shadowprefill.engine.config import EngineConfig
+    with pytest.raises(ValueError, match="lost_shadow"):
+        EngineConfig(num_blocks=8, lost_shadow="drop")
+    with pytest.raises(ValueError, match="lost_shadow"):
+        ShadowQueue(BS, lost_shadow="later")
