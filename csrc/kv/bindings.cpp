@@ -254,6 +254,8 @@ PYBIND11_MODULE(_C_kv, m) {
       .def("free", &KVCore::free)
       .def("touch", &KVCore::touch)
       .def("poll", &KVCore::poll)
+      .def("_set_memo_key_bits", &KVCore::set_memo_key_bits, py::arg("bits"),
+           "Test hook: keep only the low bits of the hash memo's keys (forced collisions; results unchanged).")
       .def("fast_calls", &fast_calls,
            "(allocate, commit, free, match, poll): the same methods as vectorcall builtins (positional arguments).");
 }
