@@ -199,6 +199,7 @@ py::tuple KVCore::match(py::object tokens, double now, py::object tenant, bool s
     }
     for (;;) {
       index_.prefetch(h);  // page i's index slot loads while page i + 1 is hashed (kept if the walk gets there)
+      if (walk) walk_.ahead(h, [this](const H128& a) { index_.prefetch(a); });  // and those of later pages
       const bool more = i + 1 < num_pages, next_known = i + 1 < chain->hashes.size();
       H128 next;
       if (more)
