@@ -16,7 +16,10 @@ KVCore::KVCore(int32_t num_blocks, int block_size, int64_t shadow_cap, double co
       pool_(num_blocks, shadow_cap, cold_age_s), info_(num_blocks),
       host_obj_(host_index), copy_(std::move(copy)), spilling_(num_blocks), side_copy_(num_blocks),
       spill_event_(num_blocks), side_event_(num_blocks), spill_hash_(num_blocks), last_event_(py::none()),
-      now_(-std::numeric_limits<double>::infinity()), hasher_(block_size) {
+      now_(-std::numeric_limits<double>::infinity()), hasher_(block_size),
+      memo_(static_cast<size_t>(num_blocks) + (host_index.is_none() ? 0 : host_index.cast<HostIndex*>()->num_pages),
+            16 + 4 * static_cast<size_t>(block_size)),
+      walk_(memo_, hasher_, block_size) {
   static std::atomic<uint64_t> serials{1};
   serial_ = serials.fetch_add(1);
   if (!host_index.is_none()) host_ = host_index.cast<HostIndex*>();
@@ -142,8 +145,12 @@ py::tuple KVCore::peek(py::object tokens, py::object tenant, int64_t limit, py::
   const size_t num_pages = static_cast<size_t>(limit / block_size_);
   const size_t known = known_pages(chain, !hashes.is_none(), num_pages);
   int64_t device = static_cast<int64_t>(known) * block_size_, host = 0;
+  const bool walk = known == 0 && chain->hashes.empty() && num_pages > 0;  // hashed from page 0: the memo
+  if (walk) walk_.start(t, chain->root, static_cast<int64_t>(num_pages));
   for (size_t i = known; i < num_pages; ++i) {
-    const H128 h = chain->at(i, t, hasher_);
+    H128 h;
+    if (walk) chain->add(h = walk_.next(i ? chain->hashes[i - 1] : chain->root), t);
+    else h = chain->at(i, t, hasher_);
     if (index_.contains(h) || spill_index_.contains(h)) device += block_size_;
     else if (host_ && host_->peek(h) >= 0) host += block_size_;
     else break;
@@ -181,13 +188,22 @@ py::tuple KVCore::match(py::object tokens, double now, py::object tenant, bool s
   int64_t num_host = 0;
   size_t i = items.size();
   if (i < num_pages) {  // then device pages, cancelled spills, host hits
-    if (i >= chain->hashes.size()) hasher_.warm(t, static_cast<int64_t>(i));
-    H128 h = chain->at(i, t, hasher_);
+    const bool walk = i == 0 && chain->hashes.empty();  // hashed from page 0: through the memo
+    H128 h;
+    if (walk) {
+      walk_.start(t, chain->root, static_cast<int64_t>(num_pages));
+      chain->add(h = walk_.next(chain->root), t);
+    } else {
+      if (i >= chain->hashes.size()) hasher_.warm(t, static_cast<int64_t>(i));
+      h = chain->at(i, t, hasher_);
+    }
     for (;;) {
       index_.prefetch(h);  // page i's index slot loads while page i + 1 is hashed (kept if the walk gets there)
+      if (walk) walk_.ahead(h, [this](const H128& a) { index_.prefetch(a); });  // and those of later pages
       const bool more = i + 1 < num_pages, next_known = i + 1 < chain->hashes.size();
       H128 next;
-      if (more) next = next_known ? chain->hashes[i + 1] : hasher_.next(h, t, static_cast<int64_t>(i + 1));
+      if (more)
+        next = next_known ? chain->hashes[i + 1] : walk ? walk_.next(h) : hasher_.next(h, t, static_cast<int64_t>(i + 1));
       int32_t b = index_.get(h), slot;
       if (b >= 0) {
         pool_.prefetch(b);

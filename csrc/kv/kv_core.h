@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "hash_map.h"
+#include "hash_memo.h"
 #include "host_index.h"
+#include "memo_walk.h"
 #include "page_hash.h"
 #include "page_pool.h"
 
@@ -80,6 +82,7 @@ class KVCore {
   void free(py::object pages, double now);
   void touch(py::object pages, double now);
   void poll(double now);
+  void set_memo_key_bits(int bits) { memo_.set_key_bits(bits); }  // test hook (hash_memo.h)
 
  private:
   struct Item {       // one page of a match: a device page, or a host entry to reload (page -1)
@@ -141,6 +144,8 @@ class KVCore {
   std::vector<std::pair<H128, bool>> dropped_;
   double now_;
   PageHasher hasher_;
+  HashMemo memo_;                     // lookups: remembered chain steps (exact; a miss hashes)
+  MemoWalk walk_;
   uint64_t serial_;
 };
 
