@@ -15,6 +15,7 @@ import argparse
 import json
 import time
 
+from shadowprefill.sim.args import parse_capacity
 from shadowprefill.sim.experiment import run_experiment
 from shadowprefill.sim.study import DEMO_SESSION_RATE, PAPER_DURATION_S, StudySpec
 
@@ -83,7 +84,6 @@ def main() -> None:
                     help="what a shadow whose computed prefix was evicted does (EngineConfig.lost_shadow)")
     ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args()
-    from shadowprefill.sim.args import parse_capacity
     duration = PAPER_DURATION_S[a.workload] if a.paper_length else a.duration
     spec = StudySpec(workloads=(a.workload,), pair=a.pair, seeds=(a.seed,), windows=(a.window,),
                      duration_s={a.workload: duration}, policies=tuple(a.policies.split(",")),

@@ -115,7 +115,5 @@ PYBIND11_MODULE(_C_kv, m) {
       .def("_set_memo_key_bits", &KVCore::set_memo_key_bits, py::arg("bits"),
            "Test hook: keep only the low bits of the hash memo's keys (forced collisions; results unchanged).")
       .def("fast_calls", &fast_calls,
-           "(allocate, commit, free, match, poll): the same methods as vectorcall builtins (positional arguments).")
-      .def("fast_method_calls", &fast_method_calls, py::arg("manager_ref"), py::arg("allocate"), py::arg("commit"),
-           "(allocate, commit) with KVCacheManager's signatures; other calls go to the given methods.");
+           "(allocate, commit, free, match, poll): the same methods as vectorcall builtins (positional arguments).");
 }

@@ -1,11 +1,9 @@
 // Fast calls: the per-iteration KVCore methods as plain vectorcall builtins (METH_FASTCALL), bound to a
 // capsule holding the core; they skip pybind11's dispatcher (its argument loading costs more than most calls).
-// Same arguments, results and exceptions as the pybind11 methods. The method calls (fast_method_calls) take
-// the manager's keyword arguments as well and skip its Python frame.
+// Same arguments, results and exceptions as the pybind11 methods.
 #include "fast_calls.h"
 
 #include <iterator>
-#include <vector>
 
 #include "kv_core.h"
 
@@ -145,88 +143,6 @@ py::object core_capsule(py::object core) {  // a capsule of the core that holds 
   return capsule;
 }
 
-// ---- the manager's methods --------------------------------------------------------------------------------
-// self of a method call: (capsule, manager weakref, Python method)
-PyObject* pass_on(PyObject* self, PyObject* const* a, Py_ssize_t nargs, PyObject* kwnames) {
-  PyObject* manager = PyWeakref_GetObject(PyTuple_GET_ITEM(self, 1));  // borrowed
-  if (manager == Py_None) {
-    PyErr_SetString(PyExc_ReferenceError, "the KVCacheManager is gone");
-    return nullptr;
-  }
-  const Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
-  std::vector<PyObject*> args(static_cast<size_t>(total) + 1);
-  args[0] = manager;
-  for (Py_ssize_t i = 0; i < total; ++i) args[static_cast<size_t>(i) + 1] = a[i];
-  return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 2), args.data(), static_cast<size_t>(nargs) + 1, kwnames);
-}
-
-// Keyword arguments by name: out[i] = the value of names[i] (nullptr if not given); false if a keyword is
-// not among names or given twice.
-bool bind_keywords(PyObject* const* a, Py_ssize_t nargs, PyObject* kwnames, const char* const* names,
-                   PyObject* const* interned, int n, PyObject** out) {
-  for (int i = 0; i < n; ++i) out[i] = nullptr;
-  if (!kwnames) return true;
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
-    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
-    int i = 0;
-    while (i < n && key != interned[i]) ++i;  // keywords written in the source are interned
-    if (i == n) {
-      i = 0;
-      while (i < n && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) ++i;
-    }
-    if (i == n || out[i]) return false;
-    out[i] = a[nargs + k];
-  }
-  return true;
-}
-
-// allocate(n, *, now, shadow=False)
-PyObject* method_allocate(PyObject* self, PyObject* const* a, Py_ssize_t nargs, PyObject* kwnames) {
-  static const char* const names[] = {"now", "shadow"};
-  static PyObject* const interned[] = {PyUnicode_InternFromString(names[0]), PyUnicode_InternFromString(names[1])};
-  PyObject* kw[2];
-  int64_t n;
-  double now;
-  bool shadow = false;
-  if (nargs != 1 || !bind_keywords(a, nargs, kwnames, names, interned, 2, kw) || !kw[0] || !PyLong_CheckExact(a[0]))
-    return pass_on(self, a, nargs, kwnames);
-  if (!fast_int(a[0], n) || n < 0 || !fast_double(kw[0], now) || (kw[1] && !fast_bool(kw[1], shadow))) {
-    PyErr_Clear();  // the method raises its own error
-    return pass_on(self, a, nargs, kwnames);
-  }
-  KVCore* core = fast_core(PyTuple_GET_ITEM(self, 0));
-  return guarded([&] { return core->allocate(n, now, shadow).release().ptr(); });
-}
-
-// commit(block_ids, token_ids, *, now, tenant="", num_tokens=None, hashes=None)
-PyObject* method_commit(PyObject* self, PyObject* const* a, Py_ssize_t nargs, PyObject* kwnames) {
-  static const char* const names[] = {"now", "tenant", "num_tokens", "hashes"};
-  static PyObject* const interned[] = {PyUnicode_InternFromString(names[0]), PyUnicode_InternFromString(names[1]),
-                                       PyUnicode_InternFromString(names[2]), PyUnicode_InternFromString(names[3])};
-  PyObject* kw[4];
-  double now;
-  if (nargs != 2 || !bind_keywords(a, nargs, kwnames, names, interned, 4, kw) || !kw[0] || !PyList_CheckExact(a[1]))
-    return pass_on(self, a, nargs, kwnames);  // (token lists that are not lists are converted there)
-  if (!fast_double(kw[0], now)) {
-    PyErr_Clear();
-    return pass_on(self, a, nargs, kwnames);
-  }
-  KVCore* core = fast_core(PyTuple_GET_ITEM(self, 0));
-  static PyObject* empty = PyUnicode_FromString("");  // the default tenant
-  if (!empty) return nullptr;
-  return guarded([&] {
-    return PyLong_FromLongLong(core->commit(borrow(a[0]), borrow(a[1]), now, borrow(kw[1] ? kw[1] : empty),
-                                            borrow(kw[2] ? kw[2] : Py_None), borrow(kw[3] ? kw[3] : Py_None)));
-  });
-}
-
-PyMethodDef kMethodCalls[] = {
-    {"allocate", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(method_allocate)),
-     METH_FASTCALL | METH_KEYWORDS, "KVCacheManager.allocate (native fast path)"},
-    {"commit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(method_commit)),
-     METH_FASTCALL | METH_KEYWORDS, "KVCacheManager.commit (native fast path)"},
-};
-
 }  // namespace
 
 py::tuple fast_calls(py::object core) {
@@ -234,20 +150,6 @@ py::tuple fast_calls(py::object core) {
   py::tuple out(std::size(kFastCalls));
   for (size_t i = 0; i < std::size(kFastCalls); ++i) {
     PyObject* f = PyCFunction_New(&kFastCalls[i], capsule.ptr());
-    if (!f) throw py::error_already_set();
-    PyTuple_SET_ITEM(out.ptr(), i, f);
-  }
-  return out;
-}
-
-py::tuple fast_method_calls(py::object core, py::object manager_ref, py::object allocate, py::object commit) {
-  if (!PyWeakref_CheckRef(manager_ref.ptr())) throw py::type_error("manager_ref: expected a weakref");
-  py::object capsule = core_capsule(std::move(core));
-  py::object methods[] = {allocate, commit};
-  py::tuple out(std::size(kMethodCalls));
-  for (size_t i = 0; i < std::size(kMethodCalls); ++i) {
-    py::tuple self = py::make_tuple(capsule, manager_ref, methods[i]);
-    PyObject* f = PyCFunction_New(&kMethodCalls[i], self.ptr());
     if (!f) throw py::error_already_set();
     PyTuple_SET_ITEM(out.ptr(), i, f);
   }

@@ -257,8 +257,8 @@ def normal_traffic(rate: float, duration_s: float, seed: int = 0, lengths: str =
     ins, outs = sample_lengths(len(times), rng, lengths)
     seeds = rng.integers(2 ** 62, size=len(times))
     return [NormalRequest(first_id + i, start_s + t, n_in, n_out, token_seed)      # (tolist: Python scalars)
-            for i, (t, n_in, n_out, token_seed) in enumerate(zip(times.tolist(), np.asarray(ins).tolist(),
-                                                                 np.asarray(outs).tolist(), seeds.tolist()))]
+            for i, (t, n_in, n_out, token_seed) in enumerate(zip(times.tolist(), ins.tolist(), outs.tolist(),
+                                                                 seeds.tolist()))]
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ per manager call; native.py). The default is native when it was built (SHADOWPRE
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -114,11 +113,6 @@ class KVCacheManager:
         calls = self._core.fast_calls() if self.backend == "native" else (
             self._core.allocate, self._core.commit, self._core.free, self._core.match, self._core.poll)
         self._allocate, self._commit, self._free, self._match, self._poll = calls
-        if self.backend == "native" and type(self) is KVCacheManager:
-            # allocate / commit without a Python frame: builtins with the methods' signatures that run the
-            # common calls and pass any other on to the methods below (a weakref: no reference cycle)
-            self.allocate, self.commit = self._core.fast_method_calls(
-                weakref.ref(self), KVCacheManager.allocate, KVCacheManager.commit)
         self._tables: dict[str, list[int]] = {}       # request id -> its pages, in token order
 
     # ---- request-shaped calls (the scheduler's) ------------------------------------------------------------
