@@ -2,8 +2,9 @@
 
     python bench/budget_check.py --workload ghcp-coding --window peak --duration 300
     python bench/budget_check.py --workload fusionbench --policy harvest-slo --admission routed-first
+    python bench/budget_check.py --pair G-7B/Mx-8x7B --window trough    # another Table 3 pair
 
-One window of the paper's pair (4 instances per model, ρ = 0.7, the workload's own session rate, seed 0)
+One window of one pair (the paper's headline Q2.5-7B/L3.1-70B unless `--pair`; 4 instances per model, ρ = 0.7, the workload's own session rate, seed 0)
 under one shadow policy. Every iteration that had shadow work queued is classified by what stopped line 10-12
 for the first runnable job (in queue order):
 
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import shadowprefill.engine.llm_engine as llm_engine  # noqa: E402
 import shadowprefill.engine.shadow_work as shadow_work  # noqa: E402
 from shadowprefill.cluster.call_stats import percentile  # noqa: E402
+from shadowprefill.model.catalog import resolve_name  # noqa: E402
 from shadowprefill.sim import experiment  # noqa: E402
 from shadowprefill.sim.capacity import normal_rates  # noqa: E402
 
@@ -47,9 +49,10 @@ def _quantiles(values: list[float]) -> str:
 
 def run(workload: str, window: str, duration: float, policy: str, admission: str = "fcfs", seed: int = 0,
         capacity: dict | None = None, warmup: float = 120.0, instances: int = 4,
-        session_rate: float | None = None) -> dict:
-    """Simulate one window; return {"reasons", "branches", "iteration_over_T", "filled_over_b", "wall_s"}."""
-    exp = experiment.Experiment(workload=workload, models=("Qwen2.5-7B", "Llama-3.1-70B"),
+        session_rate: float | None = None, models: tuple[str, str] = ("Qwen2.5-7B", "Llama-3.1-70B")) -> dict:
+    """Simulate one window; return {"reasons", "branches", "iteration_over_T", "filled_over_b",
+    "filled_over_b_by_model", "wall_s"}."""
+    exp = experiment.Experiment(workload=workload, models=tuple(models),
                                 policies=["no-shadow", policy], duration_s=duration, warmup_s=warmup, seed=seed,
                                 window=window, capacity=dict(capacity or {}), sim={"admission": admission},
                                 instances=instances, session_rate=session_rate)
@@ -59,10 +62,11 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
     reasons: collections.Counter = collections.Counter()
     over_t: dict[str, list[float]] = collections.defaultdict(list)
     over_b: list[float] = []
+    over_b_by_model: dict[str, list[float]] = collections.defaultdict(list)
     take, schedule_step = shadow_work.take, llm_engine.LLMEngine.schedule_step
 
-    def classify(queue, budget, kv, now, *, overlap=None):
-        chunks = take(queue, budget, kv, now, overlap=overlap)
+    def classify(queue, budget, kv, now, **options):       # take's keywords (overlap, probe) pass through
+        chunks = take(queue, budget, kv, now, **options)
         if len(queue) == 0:
             return chunks
         if chunks:
@@ -87,6 +91,7 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
             over_t[engine.kv.model_id or "model"].append(it.duration / engine.controller.tpot_slo)
             if it.budget_s > 0.0:
                 over_b.append(it.duration / it.budget_s)
+                over_b_by_model[engine.kv.model_id or "model"].append(it.duration / it.budget_s)
         return it
 
     shadow_work.take, llm_engine.LLMEngine.schedule_step = classify, timed_step
@@ -95,7 +100,8 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
     finally:
         shadow_work.take, llm_engine.LLMEngine.schedule_step = take, schedule_step
     return {"reasons": reasons, "branches": collections.Counter(result.extra["budget_branches"]),
-            "iteration_over_T": over_t, "filled_over_b": over_b, "wall_s": result.extra["wall_s"]}
+            "iteration_over_T": over_t, "filled_over_b": over_b, "filled_over_b_by_model": over_b_by_model,
+            "wall_s": result.extra["wall_s"]}
 
 
 def chunk_costs(models=("Qwen2.5-7B", "Llama-3.1-70B"), n_min: int = 256, decodes: int = 64,
@@ -124,6 +130,8 @@ def main() -> None:
     p.add_argument("--policy", default="harvest-slo+host")
     p.add_argument("--admission", default="fcfs", choices=("fcfs", "routed-first"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pair", default="Q2.5-7B/L3.1-70B",
+                   help="the two models, catalog names or the paper's short labels (default: %(default)s)")
     p.add_argument("--chunk-table", action="store_true",
                    help="only print the chunk-cost table (n_min 64/256/512/1,024 tokens at 0-64K cached) under the "
                         "flat 0.5-of-peak, FA2 and FA3 attention models; no simulation")
@@ -135,9 +143,16 @@ def main() -> None:
                 for model, costs in chunk_costs(n_min=n_min, attn_model=attn).items():
                     print(f"  {attn:5s} {model:14s}" + "".join(f"{ms:8.2f}" for ms in costs.values()))
         return
-    out = run(args.workload, args.window, args.duration, args.policy, args.admission, args.seed)
+    names = args.pair.split("/")
+    if len(names) != 2:
+        p.error(f"--pair: expected two models separated by '/', got {args.pair!r}")
+    try:
+        models = tuple(resolve_name(n) for n in names)
+    except ValueError as e:
+        p.error(f"--pair: {e}")
+    out = run(args.workload, args.window, args.duration, args.policy, args.admission, args.seed, models=models)
     total = sum(out["reasons"].values())
-    print(f"{args.workload} {args.window}, {args.policy}, {args.duration:.0f} s after 120 s "
+    print(f"{args.workload} {'/'.join(models)} {args.window}, {args.policy}, {args.duration:.0f} s after 120 s "
           f"({out['wall_s']:.0f} s wall)")
     print("iterations with shadow work queued, by what stopped Algorithm 1 lines 10-12:")
     for reason, n in out["reasons"].most_common():
@@ -146,7 +161,9 @@ def main() -> None:
     for model, values in out["iteration_over_T"].items():
         print(f"iteration / T, {model}: {_quantiles(values)}")
     print(f"filled iterations (SLO-slack, idle), duration / b: {_quantiles(out['filled_over_b'])}")
-    for model, costs in chunk_costs().items():
+    for model, values in out["filled_over_b_by_model"].items():
+        print(f"  {model}: {_quantiles(values)}; past b: {100 * sum(v > 1.0 for v in values) / len(values):.1f}%")
+    for model, costs in chunk_costs(models).items():
         print(f"a 256-token chunk beside 64 decodes adds, {model}: "
               + ", ".join(f"{ms:.1f} ms at {ctx // 1024}K" for ctx, ms in costs.items()))
 

@@ -4,6 +4,7 @@ Figure 9a / 9c breakdowns.
 
     python bench/paper_comparison.py demo_out/study.json [more study.json ...]
     python bench/paper_comparison.py --merge fb/study.json ghcp_*/study.json   # one table over all pairs
+    python bench/paper_comparison.py --merge --plot docs/img runs/*/study.json  # and the per-pair bar chart
 """
 from __future__ import annotations
 
@@ -169,7 +170,11 @@ def main() -> None:
     p.add_argument("studies", nargs="+", help="study.json files written by `shadowprefill demo`")
     p.add_argument("--merge", action="store_true", help="pool the studies' runs into one (same protocol, "
                                                           "different pairs or workloads)")
+    p.add_argument("--plot", metavar="DIR", help="also draw the per-pair bar chart (pairs_switch_latency.png) "
+                                                 "of the merged study into DIR (with --merge)")
     args = p.parse_args()
+    if args.plot and not args.merge:
+        p.error("--plot needs --merge (one chart of the pooled runs)")
     loaded = [json.loads(Path(path).read_text()) for path in args.studies]
     named = [("merged", merge(loaded))] if args.merge else list(zip(args.studies, loaded))
     for path, study in named:
@@ -182,6 +187,9 @@ def main() -> None:
         print("\n".join(capacities(study)))
         print("\n".join(per_pair(study)))
         print("\n".join(breakdowns(study)))
+    if args.plot:
+        from shadowprefill.sim.study import plot_pairs
+        print(f"\nchart: {plot_pairs(named[0][1], args.plot)}")
 
 
 if __name__ == "__main__":

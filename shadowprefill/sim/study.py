@@ -422,7 +422,9 @@ def plot_pairs(study: dict, out_dir: str | Path) -> Path:
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_ylabel("switch-call latency reduction (%)")
         ax.set_title(f"{w}: per pair (dashed: mean over pairs)", fontsize=9)
-        ax.legend(fontsize=7)
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.3 * (high - low))          # headroom: the legend sits above the bars
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
     return _save(fig, out, "pairs_switch_latency.png")
 
 

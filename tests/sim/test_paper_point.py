@@ -74,3 +74,25 @@ def test_merge_refuses_a_run_twice_or_mixed_lengths():
     other["spec"]["warmup_s"] = 60.0
     with pytest.raises(ValueError, match="warmup_s"):
         merge([_study(rng, [0], ["peak"]), other])
+
+
+def test_merge_cli_draws_the_pairs_chart(tmp_path, monkeypatch, capsys):
+    import json
+    import paper_comparison
+    rng = random.Random(7)
+    pairs = (("Qwen2.5-7B", "Llama-3.1-70B"), ("Llama-3.1-8B", "Llama-3.1-70B"))
+    paths = []
+    for s in (0, 1):
+        path = tmp_path / f"s{s}.json"
+        path.write_text(json.dumps(_study(rng, [s], ["peak"], pairs=pairs)))
+        paths.append(str(path))
+    monkeypatch.setattr(sys, "argv", ["paper_comparison.py", "--merge", "--plot", str(tmp_path / "img"), *paths])
+    paper_comparison.main()
+    out = capsys.readouterr().out
+    chart = tmp_path / "img" / "pairs_switch_latency.png"
+    assert chart.stat().st_size > 1000 and str(chart) in out
+    assert "| Q2.5-7B/L3.1-70B | harvest-slo+host |" in out and "| L3.1-8B/L3.1-70B | oracle+host |" in out
+    monkeypatch.setattr(sys, "argv", ["paper_comparison.py", "--plot", str(tmp_path / "img"), *paths])
+    with pytest.raises(SystemExit):                 # a chart of one pooled study only
+        paper_comparison.main()
+    assert "--plot needs --merge" in capsys.readouterr().err
