@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import shadowprefill.engine.llm_engine as llm_engine  # noqa: E402
 import shadowprefill.engine.shadow_work as shadow_work  # noqa: E402
 from shadowprefill.cluster.call_stats import percentile  # noqa: E402
-from shadowprefill.model.catalog import resolve_name  # noqa: E402
 from shadowprefill.sim import experiment  # noqa: E402
+from shadowprefill.sim.args import check_pair  # noqa: E402
 from shadowprefill.sim.capacity import normal_rates  # noqa: E402
 
 
@@ -61,8 +61,7 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
     sessions = experiment.build_sessions(exp)
     reasons: collections.Counter = collections.Counter()
     over_t: dict[str, list[float]] = collections.defaultdict(list)
-    over_b: list[float] = []
-    over_b_by_model: dict[str, list[float]] = collections.defaultdict(list)
+    over_b: dict[str, list[float]] = collections.defaultdict(list)
     take, schedule_step = shadow_work.take, llm_engine.LLMEngine.schedule_step
 
     def classify(queue, budget, kv, now, **options):       # take's keywords (overlap, probe) pass through
@@ -90,8 +89,7 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
         if it is not None:
             over_t[engine.kv.model_id or "model"].append(it.duration / engine.controller.tpot_slo)
             if it.budget_s > 0.0:
-                over_b.append(it.duration / it.budget_s)
-                over_b_by_model[engine.kv.model_id or "model"].append(it.duration / it.budget_s)
+                over_b[engine.kv.model_id or "model"].append(it.duration / it.budget_s)
         return it
 
     shadow_work.take, llm_engine.LLMEngine.schedule_step = classify, timed_step
@@ -100,7 +98,8 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
     finally:
         shadow_work.take, llm_engine.LLMEngine.schedule_step = take, schedule_step
     return {"reasons": reasons, "branches": collections.Counter(result.extra["budget_branches"]),
-            "iteration_over_T": over_t, "filled_over_b": over_b, "filled_over_b_by_model": over_b_by_model,
+            "iteration_over_T": over_t, "filled_over_b": [r for rs in over_b.values() for r in rs],
+            "filled_over_b_by_model": over_b,
             "wall_s": result.extra["wall_s"]}
 
 
@@ -143,11 +142,9 @@ def main() -> None:
                 for model, costs in chunk_costs(n_min=n_min, attn_model=attn).items():
                     print(f"  {attn:5s} {model:14s}" + "".join(f"{ms:8.2f}" for ms in costs.values()))
         return
-    names = args.pair.split("/")
-    if len(names) != 2:
-        p.error(f"--pair: expected two models separated by '/', got {args.pair!r}")
     try:
-        models = tuple(resolve_name(n) for n in names)
+        models = experiment.parse_models(args.pair, args.workload)
+        check_pair(models, args.pair)
     except ValueError as e:
         p.error(f"--pair: {e}")
     out = run(args.workload, args.window, args.duration, args.policy, args.admission, args.seed, models=models)
