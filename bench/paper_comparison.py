@@ -129,6 +129,62 @@ def breakdowns(study: dict) -> list[str]:
             paper = PAPER_BREAKDOWN[cut]
             rows.append("| paper, Harvest-SLO+Host | " + " | ".join(
                 f"{paper[b]}" if b in paper else "–" for b, _ in bins) + " |")
+            hit_rows = [(policy, row) for policy, row in cuts[cut].items()
+                        if any(len(row[b]) > 2 and row[b][1] and not math.isnan(row[b][2]) for b, _ in bins)]
+            if hit_rows:   # studies written before switch_hits carry none
+                rows += [f"\n{w}, switch-call hit rate (%) {cut.replace('_', ' ')} (token-weighted):\n",
+                         "| policy | " + " | ".join(b for b, _ in bins) + " |", "|---" * (len(bins) + 1) + "|"]
+                rows += [f"| {policy} | " + " | ".join(
+                    f"{100 * row[b][2]:.1f}" if row[b][1] else "–" for b, _ in bins) + " |" for policy, row in hit_rows]
+    return rows
+
+
+def by_target_model(study: dict) -> list[str]:
+    """Figure 9a split by the model switched to: a pair's target-size bin names one of its two models unless
+    both fall in it (then left out), so every study's `switch_breakdown` (and `switch_hits`, where the runs
+    carry it) can be summed per target model. Per workload and model: No Shadow's mean switch call, the
+    policies' call-weighted switch-latency cut, and the switch hit rates with the share of the No Shadow →
+    Oracle+Host hit-rate gap that Harvest-SLO+Host closes."""
+    from shadowprefill.model.catalog import get_model
+    sums: dict = {}     # (workload, model) -> policy -> [latency, n, prompt, cached]
+    for config, summaries in study["runs"]:
+        bins: dict = {}
+        for m in config["models"]:
+            bins.setdefault(next(b for b, upper in TARGET_BINS if get_model(m).params_b < upper), []).append(m)
+        for policy, summary in summaries.items():
+            hits = summary.get("switch_hits", {}).get("by_target", {})
+            for b, (lat, n) in summary.get("switch_breakdown", {}).get("by_target", {}).items():
+                if len(bins.get(b, ())) != 1 or not n:
+                    continue
+                acc = sums.setdefault((config["workload"], bins[b][0]), {}).setdefault(policy, [0.0, 0, 0, 0])
+                prompt, cached = hits.get(b, (0, 0))
+                acc[0] += lat
+                acc[1] += n
+                acc[2] += prompt
+                acc[3] += cached
+    rows = []
+    for w in dict.fromkeys(w for w, _ in sums):
+        models = sorted((m for ww, m in sums if ww == w), key=lambda m: get_model(m).params_b)
+        policies = [p for p in study["spec"]["policies"] if p != "no-shadow"]
+        rows += [f"\n{w}, switch calls by the model switched to (pairs whose two models share a size bin left out):\n",
+                 "| target | params (B) | bin | switch calls | No Shadow switch call (s) | "
+                 + " | ".join(f"{p} cut (%)" for p in policies)
+                 + " | switch hit (%): " + " / ".join(["no-shadow"] + policies) + " | H-SLO+Host share of the hit gap |",
+                 "|---" * (7 + len(policies)) + "|"]
+        for m in models:
+            by = sums[(w, m)]
+            base = by.get("no-shadow")
+            if not base or not base[0]:
+                continue
+            cuts = " | ".join(f"{100 * (1 - by[p][0] / base[0]):.1f}" if p in by else "–" for p in policies)
+            hit = {p: (v[3] / v[2] if v[2] else None) for p, v in by.items()}
+            hits = " / ".join("–" if hit.get(p) is None else f"{100 * hit[p]:.1f}" for p in ["no-shadow"] + policies)
+            gap = ("–" if None in (hit.get("no-shadow"), hit.get("harvest-slo+host"), hit.get("oracle+host"))
+                   or hit["oracle+host"] <= hit["no-shadow"] else
+                   f"{(hit['harvest-slo+host'] - hit['no-shadow']) / (hit['oracle+host'] - hit['no-shadow']):.2f}")
+            b = next(b for b, upper in TARGET_BINS if get_model(m).params_b < upper)
+            rows.append(f"| {m} | {get_model(m).params_b:.1f} | {b} | {base[1]} | {base[0] / base[1]:.2f} | {cuts} "
+                        f"| {hits} | {gap} |")
     return rows
 
 
@@ -187,6 +243,7 @@ def main() -> None:
         print("\n".join(capacities(study)))
         print("\n".join(per_pair(study)))
         print("\n".join(breakdowns(study)))
+        print("\n".join(by_target_model(study)))
     if args.plot:
         from shadowprefill.sim.study import plot_pairs
         print(f"\nchart: {plot_pairs(named[0][1], args.plot)}")

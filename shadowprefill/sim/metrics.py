@@ -165,6 +165,22 @@ def switch_breakdown(calls: Iterable[CallRecord]) -> dict:
     return out
 
 
+def switch_hits(calls: Iterable[CallRecord]) -> dict:
+    """Prompt tokens and cached prompt tokens of switch calls per bin of `switch_breakdown`:
+    {"by_context" | "by_target": {bin: [prompt_tokens, cached_tokens]}} (sums, so runs and pairs add up; a
+    bin's switch hit rate is cached / prompt). Calls without a cached count are left out."""
+    out: dict = {"by_context": {b: [0, 0] for b, _ in CONTEXT_BINS},
+                 "by_target": {b: [0, 0] for b, _ in TARGET_BINS}}
+    for c in calls:
+        if not c.is_switch or c.cached_tokens is None:
+            continue
+        for key, b in (("by_context", _bin(c.prompt_tokens, CONTEXT_BINS)),
+                       ("by_target", _bin(get_model(c.model).params_b, TARGET_BINS))):
+            out[key][b][0] += c.prompt_tokens
+            out[key][b][1] += c.cached_tokens
+    return out
+
+
 # Metrics where lower is better: reported as % reduction vs the baseline (positive = better).
 REDUCTION_METRICS = ("switch_call_latency_mean_s", "switch_call_ttft_mean_s", "llm_call_latency_mean_s",
                      "llm_call_ttft_mean_s", "llm_time_per_session_s", "token_cost")
@@ -198,7 +214,9 @@ def compare(runs: "dict[str, RunResult]", baseline: str = "no-shadow",
     keys = common_call_keys(runs.values())
     out = {name: summarize(run, keys) for name, run in runs.items()}
     for name, run in runs.items():
-        out[name]["switch_breakdown"] = switch_breakdown(c for c in run.calls if c.measured and c.key in keys)
+        common = [c for c in run.calls if c.measured and c.key in keys]
+        out[name]["switch_breakdown"] = switch_breakdown(common)
+        out[name]["switch_hits"] = switch_hits(common)
     for s in out.values():
         s["switch_latency_gain_vs_oracle"] = None
     base = out.get(baseline)

@@ -182,25 +182,31 @@ def aggregate_pairs(runs: list[tuple[dict, dict]]) -> dict:
 def breakdown(runs: list[tuple[dict, dict]]) -> dict:
     """Figures 9a and 9c: per workload, policy and bin (target size; context before the switch), the
     switch-call latency reduction vs No Shadow over all runs and pairs, call-weighted (1 - summed latency /
-    No Shadow's summed latency over the same calls), with the number of switch calls:
-    {workload: {"by_target" | "by_context": {policy: {bin: (reduction_pct, n)}}}}."""
+    No Shadow's summed latency over the same calls), the number of switch calls, and their token-weighted
+    hit rate (nan where the runs carry no `switch_hits`, as studies written before it):
+    {workload: {"by_target" | "by_context": {policy: {bin: (reduction_pct, n, hit_rate)}}}}."""
     sums: dict = {}
     for config, summaries in runs:
         for policy, summary in summaries.items():
+            hits = summary.get("switch_hits", {})
             for cut, bins in summary.get("switch_breakdown", {}).items():
                 slot = sums.setdefault(config["workload"], {}).setdefault(cut, {}).setdefault(policy, {})
                 for b, (lat, n) in bins.items():
-                    acc = slot.setdefault(b, [0.0, 0])
+                    acc = slot.setdefault(b, [0.0, 0, 0, 0])
                     acc[0] += lat
                     acc[1] += n
+                    prompt, cached = hits.get(cut, {}).get(b, (0, 0))
+                    acc[2] += prompt
+                    acc[3] += cached
     out: dict = {}
     for w, cuts in sums.items():
         for cut, policies in cuts.items():
             base = policies.get("no-shadow", {})
             for policy, bins in policies.items():
                 out.setdefault(w, {}).setdefault(cut, {})[policy] = {
-                    b: ((100.0 * (1.0 - lat / base[b][0]) if base.get(b) and base[b][0] > 0 else math.nan), n)
-                    for b, (lat, n) in bins.items()}
+                    b: ((100.0 * (1.0 - lat / base[b][0]) if base.get(b) and base[b][0] > 0 else math.nan), n,
+                        cached / prompt if prompt else math.nan)
+                    for b, (lat, n, prompt, cached) in bins.items()}
     return out
 
 

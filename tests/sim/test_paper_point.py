@@ -96,3 +96,43 @@ def test_merge_cli_draws_the_pairs_chart(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):                 # a chart of one pooled study only
         paper_comparison.main()
     assert "--plot needs --merge" in capsys.readouterr().err
+
+
+def test_by_target_model_sums_the_runs_bins_per_model():
+    """Figure 9a split by the model switched to: a size bin that names one model of the pair is that model's
+    (summed over runs); a pair with both models in one bin is left out; the share of the hit gap closed is
+    (H - NS) / (O - NS) of the token-weighted hit rates."""
+    from paper_comparison import by_target_model
+    rng = random.Random(9)
+    runs, want = [], {}
+    for models in (("Qwen2.5-7B", "Llama-3.1-70B"), ("Qwen2.5-7B", "Llama-3.1-70B"), ("Llama-3.1-8B", "Mistral-Nemo-12B")):
+        summaries = {}
+        for p in ("no-shadow", "harvest-slo+host", "oracle+host"):
+            lat = {b: rng.uniform(10, 100) for b in ("<15B", ">50B")}
+            n = {b: rng.randint(1, 9) for b in lat}
+            prompt = {b: rng.randint(10_000, 90_000) for b in lat}
+            cached = {b: rng.randint(0, prompt[b]) for b in lat}
+            summaries[p] = {"switch_breakdown": {"by_target": {"<15B": [lat["<15B"], n["<15B"]], "15-50B": [0.0, 0],
+                                                               ">50B": [lat[">50B"], n[">50B"]]}},
+                            "switch_hits": {"by_target": {b: [prompt[b], cached[b]] for b in lat}}}
+            if models[1] == "Llama-3.1-70B":
+                for b, m in (("<15B", "Qwen2.5-7B"), (">50B", "Llama-3.1-70B")):
+                    acc = want.setdefault(m, {}).setdefault(p, [0.0, 0, 0, 0])
+                    for i, v in enumerate((lat[b], n[b], prompt[b], cached[b])):
+                        acc[i] += v
+        runs.append(({"workload": "ghcp-coding", "models": list(models)}, summaries))
+    rows = by_target_model({"spec": {"policies": ["no-shadow", "harvest-slo+host", "oracle+host"]}, "runs": runs})
+    table = {r.split(" | ")[0].lstrip("| "): r for r in rows if r.startswith("| ") and "|---" not in r}
+    assert set(table) == {"target", "Qwen2.5-7B", "Llama-3.1-70B"}     # the 8B/12B pair shares a bin: left out
+    for m, by in want.items():
+        base, h, o = by["no-shadow"], by["harvest-slo+host"], by["oracle+host"]
+        cells = table[m].strip("| ").split(" | ")
+        assert int(cells[3]) == base[1] and float(cells[4]) == pytest.approx(base[0] / base[1], abs=0.006)
+        assert float(cells[5]) == pytest.approx(100 * (1 - h[0] / base[0]), abs=0.06)
+        assert float(cells[6]) == pytest.approx(100 * (1 - o[0] / base[0]), abs=0.06)
+        hit = [v[3] / v[2] for v in (base, h, o)]
+        assert [float(x) for x in cells[7].split(" / ")] == pytest.approx([100 * x for x in hit], abs=0.06)
+        if hit[2] > hit[0]:
+            assert float(cells[8]) == pytest.approx((hit[1] - hit[0]) / (hit[2] - hit[0]), abs=0.006)
+        else:
+            assert cells[8] == "–"

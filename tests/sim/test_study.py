@@ -247,14 +247,17 @@ def test_switch_breakdown_bins_against_a_hand_count():
     """Figure 9a/9c: switch calls binned by prompt tokens and by the target's total parameters; the study's
     reduction per bin is 1 - summed latency / No Shadow's summed latency (call-weighted)."""
     from types import SimpleNamespace
-    from shadowprefill.sim.metrics import switch_breakdown
+    from shadowprefill.sim.metrics import switch_breakdown, switch_hits
     from shadowprefill.sim.study import breakdown, breakdown_table
     rng = random.Random(5)
     models = ("Qwen2.5-7B", "Mistral-Nemo-12B", "Granite-34B-Code", "Llama-3.1-70B")
     size = {"Qwen2.5-7B": "<15B", "Mistral-Nemo-12B": "<15B", "Granite-34B-Code": "15-50B", "Llama-3.1-70B": ">50B"}
     calls = [SimpleNamespace(is_switch=rng.random() < 0.5, prompt_tokens=rng.choice([100, 3000, 70000, 20000]),
                              model=rng.choice(models), latency=rng.uniform(0.5, 20)) for _ in range(200)]
+    for c in calls:
+        c.cached_tokens = rng.randrange(c.prompt_tokens + 1)
     got = switch_breakdown(calls)
+    hits = switch_hits(calls)
     ctx = {100: "<2K", 3000: "2-4K", 20000: "16-32K", 70000: ">64K"}
     for b in ("<2K", "2-4K", "16-32K", ">64K", "4-8K"):
         mine = [c.latency for c in calls if c.is_switch and ctx[c.prompt_tokens] == b]
@@ -262,12 +265,22 @@ def test_switch_breakdown_bins_against_a_hand_count():
     for b in ("<15B", "15-50B", ">50B"):
         mine = [c.latency for c in calls if c.is_switch and size[c.model] == b]
         assert got["by_target"][b][1] == len(mine) and got["by_target"][b][0] == pytest.approx(sum(mine))
-    faster = [SimpleNamespace(**{**vars(c), "latency": c.latency * 0.8}) for c in calls]
-    runs = [({"workload": "ghcp-coding"}, {"no-shadow": {"switch_breakdown": got},
-                                           "harvest-slo+host": {"switch_breakdown": switch_breakdown(faster)}})] * 2
+        mine = [c for c in calls if c.is_switch and size[c.model] == b]
+        assert hits["by_target"][b] == [sum(c.prompt_tokens for c in mine), sum(c.cached_tokens for c in mine)]
+    faster = [SimpleNamespace(**{**vars(c), "latency": c.latency * 0.8, "cached_tokens": c.prompt_tokens})
+              for c in calls]
+    runs = [({"workload": "ghcp-coding"}, {"no-shadow": {"switch_breakdown": got, "switch_hits": hits},
+                                           "harvest-slo+host": {"switch_breakdown": switch_breakdown(faster),
+                                                                "switch_hits": switch_hits(faster)}})] * 2
     agg = breakdown(runs)["ghcp-coding"]
     assert agg["by_context"]["harvest-slo+host"][">64K"][0] == pytest.approx(20.0)
     assert agg["by_target"]["harvest-slo+host"][">50B"][1] == 2 * got["by_target"][">50B"][1]
+    big = [c for c in calls if c.is_switch and size[c.model] == ">50B"]     # token-weighted, both runs
+    assert agg["by_target"]["no-shadow"][">50B"][2] == pytest.approx(
+        sum(c.cached_tokens for c in big) / sum(c.prompt_tokens for c in big))
+    assert agg["by_target"]["harvest-slo+host"][">50B"][2] == 1.0
+    old_study = [({"workload": "ghcp-coding"}, {"no-shadow": {"switch_breakdown": got}})]   # before switch_hits
+    assert math.isnan(breakdown(old_study)["ghcp-coding"]["by_target"]["no-shadow"][">50B"][2])
     assert "20.5" in breakdown_table({"breakdown": breakdown(runs)})
 
 
@@ -289,7 +302,9 @@ def test_demo_pairs_end_to_end(tmp_path, capsys):
     assert "mean over pairs" in printed and "Figure 9c" in printed and "Figure 9a" in printed
     assert (tmp_path / "pairs_switch_latency.png").stat().st_size > 0
     n_switch = sum(s["no-shadow"]["num_switch_calls"] for _, s in study["runs"])
-    assert sum(n for _, n in study["breakdown"]["fusionbench"]["by_context"]["no-shadow"].values()) == n_switch
+    by_context = study["breakdown"]["fusionbench"]["by_context"]["no-shadow"]
+    assert sum(n for _, n, _ in by_context.values()) == n_switch
+    assert all(0.0 <= hit <= 1.0 for _, n, hit in by_context.values() if n)    # runs now carry switch_hits
 
 
 def test_session_window_fits_the_smallest_kv_pool():
