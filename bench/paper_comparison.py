@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shadowprefill.cluster.workloads import TABLE1  # noqa: E402
-from shadowprefill.sim.metrics import CONTEXT_BINS, TARGET_BINS  # noqa: E402
+from shadowprefill.sim.metrics import CONTEXT_BINS, TARGET_BINS, target_bin  # noqa: E402
 from shadowprefill.sim.paper_point import PAPER_OBSERVABLES, PAPER_TESTBED_CAPACITY, paper_group  # noqa: E402
 from shadowprefill.sim.study import PAPER_BREAKDOWN, _paper_value  # noqa: E402
 
@@ -150,7 +150,7 @@ def by_target_model(study: dict) -> list[str]:
     for config, summaries in study["runs"]:
         bins: dict = {}
         for m in config["models"]:
-            bins.setdefault(next(b for b, upper in TARGET_BINS if get_model(m).params_b < upper), []).append(m)
+            bins.setdefault(target_bin(m), []).append(m)
         for policy, summary in summaries.items():
             hits = summary.get("switch_hits", {}).get("by_target", {})
             for b, (lat, n) in summary.get("switch_breakdown", {}).get("by_target", {}).items():
@@ -182,8 +182,7 @@ def by_target_model(study: dict) -> list[str]:
             gap = ("–" if None in (hit.get("no-shadow"), hit.get("harvest-slo+host"), hit.get("oracle+host"))
                    or hit["oracle+host"] <= hit["no-shadow"] else
                    f"{(hit['harvest-slo+host'] - hit['no-shadow']) / (hit['oracle+host'] - hit['no-shadow']):.2f}")
-            b = next(b for b, upper in TARGET_BINS if get_model(m).params_b < upper)
-            rows.append(f"| {m} | {get_model(m).params_b:.1f} | {b} | {base[1]} | {base[0] / base[1]:.2f} | {cuts} "
+            rows.append(f"| {m} | {get_model(m).params_b:.1f} | {target_bin(m)} | {base[1]} | {base[0] / base[1]:.2f} | {cuts} "
                         f"| {hits} | {gap} |")
     return rows
 

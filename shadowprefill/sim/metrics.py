@@ -149,6 +149,16 @@ def _bin(value: float, bins) -> str:
     return next(label for label, upper in bins if value < upper)
 
 
+def target_bin(model: str) -> str:
+    """The Figure 9a bin of a model switched to (its total parameters)."""
+    return _bin(get_model(model).params_b, TARGET_BINS)
+
+
+def _switch_bins(c: CallRecord) -> tuple[tuple[str, str], tuple[str, str]]:
+    """A switch call's Figure 9c and 9a bins: (("by_context", bin), ("by_target", bin))."""
+    return ("by_context", _bin(c.prompt_tokens, CONTEXT_BINS)), ("by_target", target_bin(c.model))
+
+
 def switch_breakdown(calls: Iterable[CallRecord]) -> dict:
     """Summed latency and count of switch calls per context bin and per target-size bin:
     {"by_context": {bin: [latency_s, n]}, "by_target": {bin: [latency_s, n]}} (call-weighted sums, so runs
@@ -158,8 +168,7 @@ def switch_breakdown(calls: Iterable[CallRecord]) -> dict:
     for c in calls:
         if not c.is_switch:
             continue
-        for key, b in (("by_context", _bin(c.prompt_tokens, CONTEXT_BINS)),
-                       ("by_target", _bin(get_model(c.model).params_b, TARGET_BINS))):
+        for key, b in _switch_bins(c):
             out[key][b][0] += c.latency
             out[key][b][1] += 1
     return out
@@ -174,8 +183,7 @@ def switch_hits(calls: Iterable[CallRecord]) -> dict:
     for c in calls:
         if not c.is_switch or c.cached_tokens is None:
             continue
-        for key, b in (("by_context", _bin(c.prompt_tokens, CONTEXT_BINS)),
-                       ("by_target", _bin(get_model(c.model).params_b, TARGET_BINS))):
+        for key, b in _switch_bins(c):
             out[key][b][0] += c.prompt_tokens
             out[key][b][1] += c.cached_tokens
     return out
