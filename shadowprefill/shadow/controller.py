@@ -82,6 +82,11 @@ class ShadowBudget:
         self._batch_s = None                     # credit branch: t̂(B), read when first needed
 
     @property
+    def predictor(self):
+        """t̂ the budget is spent against (read-only use: `chunk_time`, `predict`)."""
+        return self._pred
+
+    @property
     def used_s(self) -> float:
         """t̂ of what the iteration holds so far (for the credit branch: only the time shadow chunks add)."""
         if self._used_s is None:
