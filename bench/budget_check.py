@@ -121,9 +121,9 @@ def run(workload: str, window: str, duration: float, policy: str, admission: str
         tpot[model] = engine.controller.tpot_slo
         it = schedule_step(engine)
         if it is not None:
-            over_t[engine.kv.model_id or "model"].append(it.duration / engine.controller.tpot_slo)
+            over_t[model].append(it.duration / engine.controller.tpot_slo)
             if it.budget_s > 0.0:
-                over_b[engine.kv.model_id or "model"].append(it.duration / it.budget_s)
+                over_b[model].append(it.duration / it.budget_s)
         return it
 
     shadow_work.take, llm_engine.LLMEngine.schedule_step = classify, timed_step
@@ -263,10 +263,11 @@ def main() -> None:
     if args.paper_length:
         args.duration = PAPER_DURATION_S[args.workload]
     if args.block_steps:
+        from shadowprefill.model.latency import ATTN_BLOCK_M
         print("a chunk's added time over the straight line between its block-aligned sizes (256..512 tokens, "
               "beside 64 decodes at 2K), max over page-aligned sizes: chunk / iteration")
         for model, (rows, by_ctx) in block_steps(args.workload).items():
-            print(f"  {model:18s} {rows:2d} query rows per token (steps of {128 // rows:3d} tokens): "
+            print(f"  {model:18s} {rows:2d} query rows per token (steps of {ATTN_BLOCK_M // rows:3d} tokens): "
                   + ", ".join(f"{ctx // 1024}K {c:.3f} / {i:.3f}" for ctx, (c, i) in by_ctx.items()))
         return
     if args.attn_block_rows is not None:
