@@ -52,6 +52,8 @@ _UNBOUNDED = 1 << 40      # no growth cap (growth=None): more tokens than any st
 _SCALE = np.array([1.0, 1e-3, 1e-6, 1e-2, 1e-5])
 _SCALE_LIST = _SCALE.tolist()
 _S1, _S2, _S3, _S4 = _SCALE_LIST[1:]
+# the gufunc behind np.linalg.solve(a, b) for a vector b (nnls_normal's definite path; None: np.linalg.solve)
+_SOLVE1 = getattr(getattr(np.linalg, "_umath_linalg", None), "solve1", None)
 
 
 class IterationTimeSource(Protocol):
@@ -85,14 +87,19 @@ def _seed_batches(max_context: int) -> list[tuple[list, list]]:
     return batches
 
 
-def nnls_normal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def nnls_normal(a: np.ndarray, b: np.ndarray, *, definite: bool = False) -> np.ndarray:
     """argmin_{θ >= 0} θᵀaθ − 2bᵀθ for a symmetric positive definite `a` (least squares with non-negative
-    coefficients, given its normal equations): Lawson-Hanson active set, 5 unknowns here."""
+    coefficients, given its normal equations): Lawson-Hanson active set, 5 unknowns here. `definite`: the
+    caller guarantees float64 arrays and a nonsingular `a` (t̂'s refit: the seed's information is positive
+    definite), so the unconstrained solve calls np.linalg.solve's LAPACK gufunc without its checks and
+    error-state context, which cost more than the solve of 5 unknowns (same routine, same result)."""
     n = len(b)
-    try:
-        theta = np.linalg.solve(a, b)
-    except np.linalg.LinAlgError:
-        theta = None
+    theta = _SOLVE1(a, b, signature="dd->d") if definite and _SOLVE1 is not None else None
+    if theta is None or not np.isfinite(theta).all():     # (not definite after all: the checked solve decides)
+        try:
+            theta = np.linalg.solve(a, b)
+        except np.linalg.LinAlgError:
+            theta = None
     if theta is not None and all(v >= 0.0 for v in theta.tolist()):   # the common case: nothing to clamp
         return theta
     tol = 1e-12 * max(float(np.abs(b).max()), 1e-300)
@@ -193,8 +200,8 @@ class IterationPredictor:
         return np.asarray(rows, dtype=np.float64) * _SCALE / np.asarray(ys)[:, None]
 
     def _set_weights(self) -> None:
-        w = np.maximum(self._theta, 0.0) * _SCALE
-        self.w0, self.w1, self.w2, self.w3, self.w4 = w.tolist()
+        theta = self._theta.tolist()
+        self.w0, self.w1, self.w2, self.w3, self.w4 = [max(v, 0.0) * s for v, s in zip(theta, _SCALE_LIST)]
 
     def observe(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int],
                 duration: float, bound_s: float | None = None, predicted_s: float = 0.0) -> None:
@@ -262,7 +269,8 @@ class IterationPredictor:
         self._rhs += w @ x
         rows.clear()
         rho = self.speed_ratio                                    # the seed's rows timed at ρ × their seed time
-        self._theta = nnls_normal(self._info + self._seed_info / (rho * rho), self._rhs + self._seed_rhs / rho)
+        self._theta = nnls_normal(self._info + self._seed_info / (rho * rho), self._rhs + self._seed_rhs / rho,
+                                  definite=True)
         self._set_weights()
 
     # ----------------------------------------------------------------------------------- guardrails

@@ -118,6 +118,26 @@ def test_nnls_normal_matches_brute_force():
     assert clamped > 50                                   # the active-set path ran, not only the solve
 
 
+def test_nnls_normal_definite_path_matches_checked_solve():
+    """definite=True (t̂'s refit) calls LAPACK's gufunc directly: the same θ, bit for bit, as the checked
+    np.linalg.solve path, clamped or not; a singular `a` passed as definite still gets the checked answer."""
+    rng = np.random.default_rng(7)
+    clamped = 0
+    for _ in range(200):
+        x = rng.normal(size=(12, 5)) * rng.uniform(0.1, 10.0, size=5)
+        a, b = x.T @ x, x.T @ rng.normal(size=12)
+        got, want = nnls_normal(a, b, definite=True), nnls_normal(a, b)
+        assert got.tolist() == want.tolist()
+        clamped += bool((want == 0).any())
+    assert 50 < clamped < 200                             # both the plain solve and the active set were compared
+    singular = np.outer(np.arange(1.0, 6.0), np.arange(1.0, 6.0))            # rank 1
+    b = singular @ np.full(5, 0.5)
+    with np.errstate(invalid="ignore"):
+        got = nnls_normal(singular, b, definite=True)
+    assert np.isfinite(got).all() and (got >= 0).all()
+    assert got.tolist() == nnls_normal(singular, b).tolist()
+
+
 def test_bad_observations_are_ignored():
     pred = IterationPredictor(Linear((1e-3, 1e-5, 1e-9, 1e-4, 1e-8)))
     before = pred.coefficients
