@@ -95,7 +95,7 @@ def nnls_normal(a: np.ndarray, b: np.ndarray, *, definite: bool = False) -> np.n
     error-state context, which cost more than the solve of 5 unknowns (same routine, same result)."""
     n = len(b)
     theta = _SOLVE1(a, b, signature="dd->d") if definite and _SOLVE1 is not None else None
-    if theta is None or not np.isfinite(theta).all():     # (not definite after all: the checked solve decides)
+    if theta is None or not np.isfinite(theta).all():     # not asked for, or `a` was singular: the checked solve
         try:
             theta = np.linalg.solve(a, b)
         except np.linalg.LinAlgError:
