@@ -154,7 +154,8 @@ class Request:
         self.samples_now = False            # its chunk in the current batch samples a token
         self.replay = (OutputReplay(replay_token_ids, fill_token)     # simulation replay data, or None
                        if replay_token_ids is not None or fill_token is not None else None)
-        self.check_at = 0                   # scheduler: num_tokens at which a decode next needs more than a count
+        self.check_at = 0                   # scheduler: num_tokens at which a decode next needs more than a
+                                            # count (0: at every token)
 
     # ----------------------------------------------------------------------------------------- tokens
     def token_ids_upto(self, n: int) -> list[int]:

@@ -430,7 +430,7 @@ class Scheduler:
         self.kv.free(r, now=now)
         r.block_ids = []
         r.num_committed_blocks = 0
-        r.check_at = 0
+        r.check_at = 0                           # (a decode aborted in flight: postprocess looks at it)
         r.ready_event = None
 
     def _commit_full_pages(self, r: Request, now: float) -> None:
@@ -582,26 +582,38 @@ class Scheduler:
             for r, tok in zip(batch.samples, tokens):
                 if r.status is running:
                     r.put_token(tok)
-        # decodes: one more token each (the hot loop). Past `check_at` tokens (a full page to register,
-        # its last token) it needs more than counting; an output only where one is wanted.
+        # decodes: one more token each (the hot loop). Below `check_at` tokens a decode is only counted; at it
+        # (a full page to register, its last token) it needs more. check_at is 0 where every token needs more:
+        # a request that streams (an output per token), an EOS to look for, an abort while in flight (_free).
         for r in decodes:
+            t = r.num_tokens + 1
+            if t < r.check_at:
+                r.num_tokens = t
+                r.num_computed_tokens = t - 1
+                r.num_decode_iters += 1
+                continue
             if r.status is not running:          # aborted while in flight
                 continue
-            t = r.num_tokens = r.num_tokens + 1
+            r.num_tokens = t
             r.num_computed_tokens = t - 1
             r.num_decode_iters += 1
-            if t >= r.check_at or eos is not None:
-                if self._finish_if_done(r, t, now, eos, emit):
-                    finished = True
-                    continue
-                if (t - 1) // bs > r.num_committed_blocks:
-                    self._commit_full_pages(r, now)
-                decoding.stepped(r)                  # (every page boundary passes here) due a page?
-                stop_at = r.num_prompt_tokens + r.max_tokens
-                page_at = (r.num_committed_blocks + 1) * bs + 1     # computed = t - 1 fills the next page
-                r.check_at = stop_at if stop_at < page_at else page_at
+            stop_at = r.num_prompt_tokens + r.max_tokens
+            if (t >= stop_at or eos is not None) and self._finish_if_done(r, t, now, eos, emit):
+                finished = True
+                continue
+            full = (t - 1) // bs
+            if full > r.num_committed_blocks:    # a page filled: register it (_commit_full_pages)
+                self.kv.cache(r, now=now, num_tokens=t - 1)
+                r.num_committed_blocks = full
+            decoding.stepped(r)                  # (every page boundary passes here) due a page?
             if r.stream:
                 emit(RequestOutput(r, t - r.num_prompt_tokens, False))
+                r.check_at = 0
+            elif eos is not None:
+                r.check_at = 0
+            else:
+                page_at = (r.num_committed_blocks + 1) * bs + 1     # computed = t - 1 fills the next page
+                r.check_at = stop_at if stop_at < page_at else page_at
         # prefill chunks that sampled their request's next token (its first, or one after a recompute)
         samples = batch.samples
         for i in range(num_decodes, len(samples)):

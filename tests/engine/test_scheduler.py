@@ -247,3 +247,30 @@ def test_config_validation():
     assert sim_engine(num_blocks=8, shadow_mode="harvest").controller.delta == 0.1
     assert sim_engine(num_blocks=8, shadow_mode="harvest-slo").controller.delta == 0.025
     assert sim_engine(num_blocks=8, shadow_mode="harvest", delta=0.3).controller.delta == 0.3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_abort_of_a_decode_in_flight(stream):
+    """A decode aborted between schedule and postprocess (mid-page, where the decode loop only counts) gets no
+    token, no output and no page; the other decodes of the batch go on as if it never ran."""
+    e = sim_engine(num_blocks=64, token_budget=256)
+    reqs = [e.add_request(f"r{i}", toks(40 + 3 * i, i), 60, stream=stream) for i in range(3)]
+    for _ in range(4):                           # the prefills (one step), then steady decodes
+        one_step(e)
+    assert all(r.status is RequestStatus.RUNNING and r.num_output_tokens == 4 for r in reqs)
+    before = {r.request_id: r.num_tokens for r in reqs}
+    if not stream:                               # r1's next token is one the decode loop only counts
+        assert before["r1"] + 1 < reqs[1].check_at
+    it = e.schedule_step()
+    assert set(ids(it.batch.decodes)) == {"r0", "r1", "r2"}
+    e.abort_request("r1")
+    e.clock.advance(it.duration)
+    outs = e.complete_step(it)
+    assert "r1" not in {o.request_id for o in outs}
+    assert {o.request_id for o in outs} == ({"r0", "r2"} if stream else set())
+    assert reqs[1].num_tokens == before["r1"] and reqs[1].status is RequestStatus.FINISHED
+    assert [r.num_tokens for r in (reqs[0], reqs[2])] == [before["r0"] + 1, before["r2"] + 1]
+    while e.has_work():
+        one_step(e)
+    assert [r.num_output_tokens for r in (reqs[0], reqs[2])] == [60, 60]
+    assert e.kv_stats.normal_in_use_blocks == 0
