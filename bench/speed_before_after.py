@@ -5,7 +5,9 @@ extensions, or with its own native core compiled from its csrc/ (`--build-before
 working tree's, then runs `bench/test_sim_bench.py` (simulated seconds per wall second, GHCP-like, 4 + 4
 instances at ρ = 0.7; simulated seconds per CPU second of the process) and `bench/test_pool_bench.py native`
 (pool bookkeeping per iteration, thread CPU) on each,
-alternating `--rounds` times, and prints a table (median per side, and after / before).
+alternating `--rounds` times, and prints a table (median and best per side, after / before, and the median
+of the rounds' own after / before ratios: each round pairs two runs made minutes apart, so the box's drift
+between rounds cancels in it).
 
     .venv/bin/python bench/speed_before_after.py --before main --rounds 3
 """
@@ -41,7 +43,10 @@ def export(rev: str, dest: str, build: bool = False) -> str:
 
 def run(tree: str, args: list[str]) -> str:
     env = dict(os.environ, PYTHONPATH=tree)
-    out = subprocess.run([sys.executable, *args], cwd=tree, env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, *args], cwd=tree, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = "\n".join(out.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"a bench run in {tree} exited with {out.returncode}:\n{tail}")
     return out.stdout
 
 
@@ -80,6 +85,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {a.rounds}")
+    if not a.sim_seconds > 30.0:
+        raise ValueError(f"--sim-seconds must be > 30 (the bench's warm-up), got {a.sim_seconds}")
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": export(a.before, tmp, build=a.build_before), "after": ROOT}
         sims = {k: [] for k in trees}
@@ -97,6 +104,9 @@ def main() -> None:
           f"{med['after'] / med['before']:.2f}x |")
     print(f"| simulator, simulated s per CPU s (best of {a.rounds}) | {best['before']:.2f} | {best['after']:.2f} | "
           f"{best['after'] / best['before']:.2f}x |")
+    paired = [after / before for before, after in zip(sims["before"], sims["after"])]   # round by round
+    print(f"| simulator, after / before of each round (median of {a.rounds}; range) | | | "
+          f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) |")
     if not a.no_pool:
         pm = {k: statistics.median(v) for k, v in pools.items()}
         pb = {k: min(v) for k, v in pools.items()}
@@ -104,6 +114,9 @@ def main() -> None:
               f"{pm['after']:.1f} | {pm['after'] / pm['before']:.2f}x |")
         print(f"| pool bookkeeping, native core, us per iteration (best of {a.rounds}) | {pb['before']:.1f} | "
               f"{pb['after']:.1f} | {pb['after'] / pb['before']:.2f}x |")
+        pp = [after / before for before, after in zip(pools["before"], pools["after"])]
+        print(f"| pool bookkeeping, after / before of each round (median of {a.rounds}; range) | | | "
+              f"{statistics.median(pp):.2f}x ({min(pp):.2f}-{max(pp):.2f}) |")
     print(f"raw: sim {sims}; pool {pools}")
 
 
