@@ -601,10 +601,8 @@ class Scheduler:
             if (t >= stop_at or eos is not None) and self._finish_if_done(r, t, now, eos, emit):
                 finished = True
                 continue
-            full = (t - 1) // bs
-            if full > r.num_committed_blocks:    # a page filled: register it (_commit_full_pages)
-                self.kv.cache(r, now=now, num_tokens=t - 1)
-                r.num_committed_blocks = full
+            if (t - 1) // bs > r.num_committed_blocks:
+                self._commit_full_pages(r, now)
             decoding.stepped(r)                  # (every page boundary passes here) due a page?
             if r.stream:
                 emit(RequestOutput(r, t - r.num_prompt_tokens, False))
