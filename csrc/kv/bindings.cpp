@@ -109,11 +109,13 @@ PYBIND11_MODULE(_C_kv, m) {
       .def("allocate", &KVCore::allocate)
       .def("allocate_up_to", &KVCore::allocate_up_to)
       .def("commit", &KVCore::commit)
+      .def("allocate_many", &KVCore::allocate_many)
+      .def("commit_many", &KVCore::commit_many)
       .def("free", &KVCore::free)
       .def("touch", &KVCore::touch)
       .def("poll", &KVCore::poll)
       .def("_set_memo_key_bits", &KVCore::set_memo_key_bits, py::arg("bits"),
            "Test hook: keep only the low bits of the hash memo's keys (forced collisions; results unchanged).")
       .def("fast_calls", &fast_calls,
-           "(allocate, commit, free, match, poll): the same methods as vectorcall builtins (positional arguments).");
+           "(allocate, commit, free, match, poll, allocate_many, commit_many): the same methods as vectorcall builtins (positional arguments).");
 }

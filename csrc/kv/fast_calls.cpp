@@ -121,12 +121,28 @@ PyObject* fast_poll(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {  // 
   });
 }
 
+PyObject* fast_allocate_many(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {  // (counts, now, shadow)
+  double now;
+  bool shadow;
+  if (!fast_nargs("allocate_many", nargs, 3) || !fast_double(a[1], now) || !fast_bool(a[2], shadow)) return nullptr;
+  return guarded([&] { return fast_core(self)->allocate_many(borrow(a[0]), now, shadow).release().ptr(); });
+}
+
+PyObject* fast_commit_many(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {  // (items, now)
+  double now;
+  if (!fast_nargs("commit_many", nargs, 2) || !fast_double(a[1], now)) return nullptr;
+  return guarded([&] { return PyLong_FromLongLong(fast_core(self)->commit_many(borrow(a[0]), now)); });
+}
+
 PyMethodDef kFastCalls[] = {
     {"allocate", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_allocate)), METH_FASTCALL, nullptr},
     {"commit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_commit)), METH_FASTCALL, nullptr},
     {"free", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_free)), METH_FASTCALL, nullptr},
     {"match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_match)), METH_FASTCALL, nullptr},
     {"poll", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_poll)), METH_FASTCALL, nullptr},
+    {"allocate_many", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_allocate_many)), METH_FASTCALL,
+     nullptr},
+    {"commit_many", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_commit_many)), METH_FASTCALL, nullptr},
 };
 
 py::object core_capsule(py::object core) {  // a capsule of the core that holds it alive

@@ -7,7 +7,7 @@ namespace py = pybind11;
 
 namespace shadowprefill {
 
-// (allocate, commit, free, match, poll) of `core` (positional arguments); each holds `core` alive.
+// (allocate, commit, free, match, poll, allocate_many, commit_many) of `core` (positional arguments); each holds `core` alive.
 py::tuple fast_calls(py::object core);
 
 }  // namespace shadowprefill

@@ -291,6 +291,63 @@ py::object KVCore::allocate(int64_t n, double now, bool shadow) {
   return to_list(out);
 }
 
+py::list KVCore::allocate_many(py::object counts, double now, bool shadow) {
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(counts.ptr(), "counts: expected a sequence of ints"));
+  if (!seq) {
+    PyErr_Clear();
+    throw py::type_error("counts: expected a sequence of ints");
+  }
+  const Py_ssize_t m = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  std::vector<int64_t>& ns = counts_;
+  ns.resize(static_cast<size_t>(m));
+  for (Py_ssize_t i = 0; i < m; ++i) {  // validate before taking anything
+    long long v;
+    if (!small_int(items[i], v)) {
+      if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) throw py::type_error("counts: expected ints");
+      v = PyLong_AsLongLong(items[i]);
+      if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        throw py::value_error("counts: a count is out of range");
+      }
+      if (v < 0) throw py::value_error("counts: expected ints >= 0, got " + std::to_string(v));
+    }
+    ns[static_cast<size_t>(i)] = v;
+  }
+  py::list out;
+  std::vector<int32_t> pages;
+  for (int64_t n : ns) {
+    pages.clear();
+    if (!alloc(n, now, shadow, pages)) break;
+    out.append(to_list(pages));
+  }
+  return out;
+}
+
+int64_t KVCore::commit_many(py::object items, double now) {
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(items.ptr(), "items: expected a sequence"));
+  if (!seq) {
+    PyErr_Clear();
+    throw py::type_error("items: expected a sequence of (block_ids, token_ids, tenant, num_tokens, hashes)");
+  }
+  const Py_ssize_t m = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** its = PySequence_Fast_ITEMS(seq.ptr());
+  for (Py_ssize_t i = 0; i < m; ++i) {  // the items' shape first: a malformed one changes nothing
+    PyObject* it = its[i];
+    if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 5)
+      throw py::type_error("items: expected (block_ids, token_ids, tenant, num_tokens, hashes) tuples");
+    PyObject* tokens = PyTuple_GET_ITEM(it, 1);
+    if (!PyList_Check(tokens) && !PyTuple_Check(tokens)) throw TokenTypeError("token_ids: expected a list or tuple of ints");
+  }
+  int64_t registered = 0;
+  for (Py_ssize_t i = 0; i < m; ++i) {  // in order, as that many commit calls
+    PyObject* it = its[i];
+    auto arg = [it](int k) { return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(it, k)); };
+    registered += commit(arg(0), arg(1), now, arg(2), arg(3), arg(4));
+  }
+  return registered;
+}
+
 py::list KVCore::allocate_up_to(int64_t n, double now, bool shadow) {
   std::vector<int32_t> out;
   if (n > 0) alloc(available_now(now, shadow, n), now, shadow, out);

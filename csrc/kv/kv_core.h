@@ -80,6 +80,10 @@ class KVCore {
   int64_t commit(py::object pages, py::object tokens, double now, py::object tenant, py::object num_tokens,
                  py::object hashes);
   void free(py::object pages, double now);
+  // One iteration's calls in one: allocate for each count in order, stopping at the first that cannot be
+  // met (the page lists of those met); commit for each (pages, tokens, tenant, num_tokens, hashes) item.
+  py::list allocate_many(py::object counts, double now, bool shadow);
+  int64_t commit_many(py::object items, double now);
   void touch(py::object pages, double now);
   void poll(double now);
   void set_memo_key_bits(int bits) { memo_.set_key_bits(bits); }  // test hook (hash_memo.h)
@@ -140,6 +144,7 @@ class KVCore {
   std::vector<Item> items_;
   std::vector<int32_t> ids_, victims_, unregistered_, slots_, to_host_, to_slots_;
   std::vector<H128> new_hashes_, evict_hashes_, to_hashes_;
+  std::vector<int64_t> counts_;
   std::vector<uint8_t> shadows_, copy_flags_;
   std::vector<std::pair<H128, bool>> dropped_;
   double now_;

@@ -6,7 +6,7 @@ to find them by looking at every running request at every iteration; `DecodeSet`
 instead (a request joins when a prefill chunk samples its token and it does not finish, and leaves when it
 finishes, is preempted or aborted), and keeps which of them need a page for their next token (`due`: found
 where the scheduler already looks at a request, when its computed tokens reach a page boundary). Building
-an iteration's decodes is then one list copy, one `_grow` per due request, and an identity filter for the
+an iteration's decodes is then one list copy, one KV call for the requests due a page (`allocate_slots_many`), and an identity filter for the
 running requests that still prefill (usually none).
 
 `take(...)` returns None when the fast path does not apply (more decodes than the iteration's token or
@@ -92,10 +92,18 @@ class DecodeSet:
         if due:
             if len(due) > 1:
                 due.sort(key=self._rank)         # the scan's order: growth in rank order
-            for r in due:
-                if r.status is running_status:   # (not a victim of an earlier growth)
+            if len(due) == 1:                    # (one: the plain call)
+                served, live = 0, due
+                failed = False
+            else:                                # one KV call for all of them
+                live = [r for r in due if r.status is running_status]
+                served = sched.kv.allocate_slots_many(live, 1, now=now)
+                failed = True
+            for r in live[served:]:              # the pool refused live[served]: grow it and the rest one by
+                if r.status is running_status:   # one, preempting (not a victim of an earlier growth)
                     batch.num_tokens = len(decodes)
-                    sched._grow(r, 1, now, batch)
+                    sched._grow(r, 1, now, batch, failed=failed)
+                failed = False
             due.clear()
         running = sched.running
         if len(running) == len(decodes):

@@ -155,6 +155,7 @@ class Scheduler:
         self.decoding = DecodeSet(self._rank, config.block_size, Priority.ROUTED)   # steady decodes (decode_batch)
         self.num_preemptions = 0
         self._stamp = 0
+        self._to_cache: list[Request] = []           # postprocess: requests whose filled pages register at its end
         self.prefetched: list[Request] = []          # waiting requests holding a reload-ahead (r.prefetch)
 
     # ------------------------------------------------------------------------------------------ queues
@@ -394,11 +395,14 @@ class Scheduler:
         last = self.running[-1] if self.running else None
         return last if last is not None and last.priority is not Priority.ROUTED else None
 
-    def _grow(self, r: Request, num_new_tokens: int, now: float, batch: ScheduledBatch) -> bool:
+    def _grow(self, r: Request, num_new_tokens: int, now: float, batch: ScheduledBatch, failed: bool = False) -> bool:
         """Give running request r the pages for `num_new_tokens` more tokens, preempting the lowest-ranked
-        running requests (possibly r itself) until they fit. False if r was preempted."""
+        running requests (possibly r itself) until they fit. False if r was preempted. `failed`: the pool
+        just refused r (a batched allocate_slots_many), so the first try is skipped."""
         while True:
-            if self.kv.allocate_slots(r, num_new_tokens, now=now) is not None:
+            if failed:
+                failed = False
+            elif self.kv.allocate_slots(r, num_new_tokens, now=now) is not None:
                 return True
             if self._release_prefetches(now):    # a reload ahead never costs a running request its pages
                 continue
@@ -426,6 +430,8 @@ class Scheduler:
         self._enqueue(victim)
 
     def _free(self, r: Request, now: float) -> None:
+        if self._to_cache:                       # (inside postprocess: the KV calls keep their order)
+            self._cache_pending(now)
         self._commit_full_pages(r, now)
         self.kv.free(r, now=now)
         r.block_ids = []
@@ -433,14 +439,29 @@ class Scheduler:
         r.check_at = 0                           # (a decode aborted in flight: postprocess looks at it)
         r.ready_event = None
 
-    def _commit_full_pages(self, r: Request, now: float) -> None:
-        """Register r's newly filled pages in the prefix cache."""
+    def _commit_full_pages(self, r: Request, now: float, later: list | None = None) -> None:
+        """Register r's newly filled pages in the prefix cache (`later`: r joins that list instead, and
+        _cache_pending registers the list's requests in one call)."""
         computed = r.num_computed_tokens
         full = computed // self.block_size
         if full > r.num_committed_blocks:   # (commit registers min(pages, computed // bs) pages: no list copies)
-            self.kv.cache(r, now=now, num_tokens=computed)
+            if later is None:
+                self.kv.cache(r, now=now, num_tokens=computed)
+            else:
+                later.append(r)
             r.num_committed_blocks = full
             r.check_at = 0
+
+    def _cache_pending(self, now: float) -> None:
+        """Register the pages postprocess set aside (_to_cache), in the order they filled, in one KV call."""
+        pending = self._to_cache
+        if len(pending) == 1:                    # (one: the plain call)
+            r = pending.pop()
+            self.kv.cache(r, now=now, num_tokens=r.num_computed_tokens)
+            return
+        batch = pending[:]
+        pending.clear()                          # (in place: postprocess holds the list)
+        self.kv.cache_many(batch, now=now)
 
     # ------------------------------------------------------------------------------------- reload-ahead
     def prefetch(self, now: float, batch: ScheduledBatch) -> int:
@@ -566,6 +587,8 @@ class Scheduler:
         emit = outputs.append
         finished = False
         decoding = self.decoding
+        to_cache = self._to_cache                # filled pages: registered in one call at the end (_free
+                                                 # registers them first if a request finishes meanwhile)
         decodes = batch.decodes
         num_decodes = len(decodes)
         st.decode_tokens += num_decodes
@@ -602,7 +625,7 @@ class Scheduler:
                 finished = True
                 continue
             if (t - 1) // bs > r.num_committed_blocks:
-                self._commit_full_pages(r, now)
+                self._commit_full_pages(r, now, to_cache)
             decoding.stepped(r)                  # (every page boundary passes here) due a page?
             if r.stream:
                 emit(RequestOutput(r, t - r.num_prompt_tokens, False))
@@ -628,7 +651,7 @@ class Scheduler:
                 finished = True
                 continue
             if r.num_computed_tokens // bs > r.num_committed_blocks:
-                self._commit_full_pages(r, now)
+                self._commit_full_pages(r, now, to_cache)
             decoding.join(r)                     # a steady decode from the next iteration on
             if r.stream:
                 emit(RequestOutput(r, t - r.num_prompt_tokens, False))
@@ -638,7 +661,9 @@ class Scheduler:
                     self._finish(r, now, "prefilled")
                     finished = True
                 elif r.num_computed_tokens // bs > r.num_committed_blocks:
-                    self._commit_full_pages(r, now)
+                    self._commit_full_pages(r, now, to_cache)
+        if self._to_cache:
+            self._cache_pending(now)
         if finished:
             self.running = [r for r in self.running if r.status is running]
             decoding.keep_running(running)

@@ -170,6 +170,25 @@ class KVCore:
         self.stats.allocated_blocks += n
         return ids
 
+    def allocate_many(self, counts, now: float, shadow: bool) -> list[list[int]]:
+        """allocate(n) for each n in order, stopping at the first that returns None: the page lists taken."""
+        try:
+            counts = list(counts)
+        except TypeError:
+            raise TypeError("counts: expected a sequence of ints") from None
+        for n in counts:                 # validate before taking anything
+            if n.__class__ is not int:
+                raise TypeError("counts: expected ints")
+            if n < 0:
+                raise ValueError(f"counts: expected ints >= 0, got {n}")
+        out = []
+        for n in counts:
+            ids = self.allocate(n, now, shadow)
+            if ids is None:
+                break
+            out.append(ids)
+        return out
+
     def allocate_up_to(self, n: int, now: float, shadow: bool) -> list[int]:
         """As many of n fresh pages as the class can get now (possibly none)."""
         if n <= 0:
@@ -211,6 +230,20 @@ class KVCore:
                 chain.pages.append(b)
                 chain.gens.append(gen[b])
         return len(registered)
+
+    def commit_many(self, items, now: float) -> int:
+        """commit(pages, tokens, now, tenant, num_tokens, hashes) for each item in order; the total registered."""
+        try:
+            items = list(items)
+        except TypeError:
+            raise TypeError("items: expected a sequence of (block_ids, token_ids, tenant, num_tokens, hashes)") from None
+        for item in items:               # the items' shape first: a malformed one changes nothing
+            if item.__class__ is not tuple or len(item) != 5:
+                raise TypeError("items: expected (block_ids, token_ids, tenant, num_tokens, hashes) tuples")
+            if item[1].__class__ is not list and item[1].__class__ is not tuple:
+                raise TypeError("token_ids: expected a list or tuple of ints")
+        return sum([self.commit(pages, tokens, now, tenant, num_tokens, hashes)
+                    for pages, tokens, tenant, num_tokens, hashes in items])
 
     def free(self, pages, now: float) -> None:
         """Drop a reference on each page; registered pages reaching ref 0 stay cached (tail pages older)."""

@@ -20,6 +20,10 @@ pages (`block_table(req)`, a list the caller reads but never changes):
     kv.cache(req, now=t)                                     # register its full computed pages
     kv.free(req, now=t)                                      # all its pages (cached ones stay cached)
 
+An iteration's many small calls can go as one core call each (`allocate_slots_many(decodes_due, 1, now=t)`,
+`cache_many(filled, now=t)`; list-shaped: `allocate_many`, `commit_many`): the same decisions in the same
+order, the manager's per-call Python cost paid once per iteration instead of once per request.
+
 Every device page is free, in use (ref > 0; a page with ref > 1 is always a registered, read-only prefix
 page), cached (ref 0, registered, evictable) or spilling (evicted, its device->host copy in flight; CUDA
 only). Pages are identified by their page hash (page_hash.py). Every time-dependent call takes `now`
@@ -110,9 +114,10 @@ class KVCacheManager:
         self._core = core(num_blocks, block_size, self.shadow_cap, cold_age_s, model_id, host_index,
                           self.page_bytes, copy)
         # the per-iteration calls, bound once (native: vectorcall builtins that skip pybind11's dispatcher)
-        calls = self._core.fast_calls() if self.backend == "native" else (
-            self._core.allocate, self._core.commit, self._core.free, self._core.match, self._core.poll)
-        self._allocate, self._commit, self._free, self._match, self._poll = calls
+        core = self._core
+        calls = core.fast_calls() if self.backend == "native" else (
+            core.allocate, core.commit, core.free, core.match, core.poll, core.allocate_many, core.commit_many)
+        self._allocate, self._commit, self._free, self._match, self._poll, self._allocate_many, self._commit_many = calls
         self._tables: dict[str, list[int]] = {}       # request id -> its pages, in token order
 
     # ---- request-shaped calls (the scheduler's) ------------------------------------------------------------
@@ -151,6 +156,39 @@ class KVCacheManager:
         if blocks is not None:
             table += blocks
         return blocks
+
+    def allocate_slots_many(self, requests, num_new_tokens: int, *, now: float, shadow: bool = False) -> int:
+        """allocate_slots(r, num_new_tokens) for each request in order (e.g. every decode due a page this
+        iteration), in one core call; stops at the first request the pool cannot serve now. Returns how many
+        requests (a prefix of `requests`) got their pages; the rest have nothing new."""
+        if num_new_tokens.__class__ is not int or num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens: expected an int >= 0, got {num_new_tokens!r}")
+        tables, bs = self._tables, self.block_size
+        owned, needs = [], []
+        for r in requests:
+            table = tables.get(r.request_id)
+            if table is None:
+                table = tables[r.request_id] = []
+            need = (r.num_computed_tokens + num_new_tokens + bs - 1) // bs - len(table)
+            owned.append(table)
+            needs.append(need if need > 0 else 0)
+        got = self._allocate_many(needs, now, shadow)
+        for table, pages in zip(owned, got):
+            table += pages
+        return len(got)
+
+    def cache_many(self, requests, *, now: float) -> int:
+        """cache(r) for each request in order (e.g. every request whose computed tokens filled a page this
+        iteration), in one core call; returns the pages that became cache entries."""
+        tables = self._tables
+        items = []
+        for r in requests:
+            n = r.num_computed_tokens
+            tokens = r.token_ids_upto(n)
+            if tokens.__class__ is not list:
+                tokens = as_token_sequence(tokens)
+            items.append((tables.get(r.request_id, []), tokens, r.tenant, n, None))
+        return self._commit_many(items, now)
 
     def cache(self, request, *, now: float, num_tokens: int | None = None, hashes: PageHashes | None = None) -> int:
         """Register the request's full pages among its first `num_tokens` (default: its computed) tokens in
@@ -265,6 +303,19 @@ class KVCacheManager:
         if token_ids.__class__ is not list:   # (the common case, a list, skips the call)
             token_ids = as_token_sequence(token_ids)
         return self._commit(block_ids, token_ids, now, tenant, num_tokens, hashes)
+
+    def allocate_many(self, counts, *, now: float, shadow: bool = False) -> list[list[int]]:
+        """allocate(n) for each n of `counts` in order, in one call: the page lists of the counts met, stopping
+        at the first that cannot be met now (nothing taken for it or the rest). Counts are validated first
+        (TypeError / ValueError, nothing taken)."""
+        return self._allocate_many(counts, now, shadow)
+
+    def commit_many(self, items, *, now: float) -> int:
+        """commit for several page lists in one call: `items` are (block_ids, token_ids, tenant, num_tokens,
+        hashes) tuples (token_ids a list or tuple; num_tokens and hashes may be None), committed in order as that
+        many commit calls would be (an error in one leaves the earlier ones committed). Returns the total of
+        pages that became cache entries."""
+        return self._commit_many(items, now)
 
     def free(self, block_ids, *, now: float) -> None:
         """Drop one reference on each page: `block_ids`, a list of pages, or a request (all its pages). A page

@@ -140,6 +140,23 @@ def test_lowest_ranked_request_preempts_itself():
     assert a.is_finished and b.is_finished and len(b.output_token_ids) == 8
 
 
+
+def test_decodes_due_a_page_grow_in_one_call_and_a_refusal_preempts_once():
+    """Two decodes reach a page boundary together with one page free: the one batched call serves the first
+    and refuses the second, which then preempts itself (lowest rank) without asking the pool again: two
+    allocation failures, as when each decode asked on its own (b's growth, then b's re-admission in the same
+    pass, which finds its first page cached but no page for the rest)."""
+    e = sim_engine(num_blocks=3, block_size=16, token_budget=1000)
+    a = e.add_request("a", toks(15, 1), 20)                    # one page each; a page more at token 17
+    b = e.add_request("b", toks(15, 2), 20)
+    one_step(e)                                                # prefill: 15 tokens, the first sampled
+    one_step(e)                                                # decode: 16 tokens fill the page
+    assert e.kv.num_free_blocks == 1 and e.kv.stats.allocation_failures == 0
+    batch = one_step(e)                                        # both due a page, one free
+    assert ids(batch.preempted) == ["b"] and ids(batch.decodes) == ["a"]
+    assert len(a.block_ids) == 2 and b.status is RequestStatus.WAITING
+    assert e.kv.stats.allocation_failures == 2 and e.stats.preemptions == 1
+
 def test_routed_admission_preempts_running_normal():
     e = sim_engine(num_blocks=6, token_budget=1000, admission="routed-first")
     n = e.add_request("n", toks(90, 1), 6)                     # 6 pages: the whole pool
@@ -274,3 +291,47 @@ def test_abort_of_a_decode_in_flight(stream):
         one_step(e)
     assert [r.num_output_tokens for r in (reqs[0], reqs[2])] == [60, 60]
     assert e.kv_stats.normal_in_use_blocks == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_kv_calls_match_the_calls_one_request_at_a_time(seed):
+    """The scheduler's one-call-per-iteration KV calls (allocate_slots_many for the decodes due a page,
+    cache_many for the pages filled) against an engine whose manager makes them one request at a time (the
+    calls' definition, patched in here): the same pool page by page, the same preemptions and outputs, every
+    step, on small pools where the pool refuses part of a batch (preemption from inside it)."""
+    import random
+    rng = random.Random(seed)
+    cfg = dict(num_blocks=rng.choice([20, 28, 40]), block_size=16, token_budget=64, max_seqs=16,
+               admission=rng.choice(["fcfs", "routed-first"]), shadow_mode="none")
+    batched, single = sim_engine(**cfg), sim_engine(**cfg)
+    kv = single.kv
+
+    def allocate_slots_many(requests, num_new_tokens, *, now, shadow=False):
+        for i, r in enumerate(requests):
+            if kv.allocate_slots(r, num_new_tokens, now=now, shadow=shadow) is None:
+                return i
+        return len(requests)
+    kv.allocate_slots_many = allocate_slots_many
+    kv.cache_many = lambda requests, *, now: sum(kv.cache(r, now=now) for r in requests)
+    real, refused = batched.kv.allocate_slots_many, []
+
+    def counted(requests, num_new_tokens, **kw):         # (the real call, counting the batches it cut short)
+        served = real(requests, num_new_tokens, **kw)
+        refused.append(served < len(requests))
+        return served
+    batched.kv.allocate_slots_many = counted
+    for step in range(300):
+        if rng.random() < 0.35:
+            prompt = [rng.randrange(10, 60) for _ in range(rng.randrange(1, 60))]   # few values: shared pages
+            args = (f"r{step}", prompt, rng.randrange(1, 50))
+            prio = rng.choice(["routed", "normal"])
+            for e in (batched, single):
+                e.add_request(*args, priority=prio)
+        outs = []
+        for e in (batched, single):
+            outs.append([(o.request_id, o.num_output_tokens, o.finished) for o in e.step()])
+        assert outs[0] == outs[1]
+        assert batched.kv.snapshot() == single.kv.snapshot()
+        assert batched.kv.stats.as_dict() == single.kv.stats.as_dict()
+        assert batched.stats.preemptions == single.stats.preemptions
+    assert batched.stats.preemptions > 0 and any(refused)

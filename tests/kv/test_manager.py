@@ -305,3 +305,87 @@ def test_allocate_slots_is_all_or_nothing():
     assert pool.allocate_slots(r, 5 * BS, now=0.0) is None
     assert pool.block_table(r) == [] and pool.num_free_blocks == 4
     assert len(pool.allocate_slots(r, 4 * BS, now=0.0)) == 4
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_calls_equal_the_calls_one_by_one(seed):
+    """allocate_many / commit_many (one core call per iteration) against allocate / commit one call at a
+    time on a twin pool: the same pages, registrations, failures and accounting, page by page, on a small
+    host-tiered pool that runs full (evictions, spills, drops, an allocation that fails part-way)."""
+    import random
+    rng = random.Random(seed)
+
+    def make():
+        return KVCacheManager(24, BS, host_tier=HostTier(capacity_bytes=8 * 64, page_bytes=64), page_bytes=64)
+    batched, single = make(), make()
+    held = []                                            # (pages, tokens) of the sequences alive
+    now = 0.0
+    for _ in range(60):
+        now += 0.5
+        counts = [rng.randrange(0, 6) for _ in range(rng.randrange(1, 6))]
+        got = batched.allocate_many(counts, now=now)
+        want = []
+        for n in counts:                                 # the definition: in order, up to the first refusal
+            pages = single.allocate(n, now=now)
+            if pages is None:
+                break
+            want.append(pages)
+        assert got == want
+        for pages in got:
+            toks = [rng.randrange(4) for _ in range(len(pages) * BS)]   # few values: shared content
+            held.append((pages, toks))
+        items = [(pages, toks, rng.choice(["", "t"]), rng.choice([None, rng.randrange(len(toks) + 1)]), None)
+                 for pages, toks in held]
+        assert batched.commit_many(items, now=now) == sum(
+            single.commit(p, t, now=now, tenant=ten, num_tokens=n) for p, t, ten, n, _ in items)
+        rng.shuffle(held)
+        done = rng.randrange(len(held) // 2 + 1)         # some sequences finish
+        for pages, _ in held[:done]:
+            batched.free(pages, now=now)
+            single.free(pages, now=now)
+        held = held[done:]
+        assert batched.snapshot() == single.snapshot()
+        assert batched.stats.as_dict() == single.stats.as_dict()
+    st = batched.stats
+    assert st.allocation_failures > 0 and st.normal_evictions > 0 and st.host_drops > 0
+
+
+def test_batched_calls_reject_bad_input_and_change_nothing():
+    pool = KVCacheManager(8, BS)
+    ids = pool.allocate(2, now=0)
+    before, stats = pool.snapshot(), pool.stats.as_dict()
+    for counts, error in (([1, -1], ValueError), ([1, True], TypeError), ([1, 2.0], TypeError), (5, TypeError)):
+        with pytest.raises(error, match="counts"):
+            pool.allocate_many(counts, now=1)
+        assert pool.snapshot() == before and pool.stats.as_dict() == stats   # validated before taking any
+    toks = tokens(0, 2)
+    for items, match in (([(ids, toks, "", None)], "items"), ([[ids, toks, "", None, None]], "items"),
+                         (7, "items"), ([(ids, "abcdefgh", "", None, None)], "token_ids")):
+        with pytest.raises(TypeError, match=match):
+            pool.commit_many(items, now=1)
+        assert pool.snapshot() == before
+    assert pool.allocate_many([], now=1) == [] and pool.commit_many([], now=1) == 0
+    with pytest.raises(ValueError, match="num_new_tokens"):
+        pool.allocate_slots_many([Req("a", toks)], -1, now=1)
+
+
+def test_request_batched_calls_equal_the_request_calls():
+    """allocate_slots_many / cache_many against allocate_slots / cache per request, on twin pools."""
+    batched, single = KVCacheManager(12, BS), KVCacheManager(12, BS)
+    reqs = {pool: [Req(f"r{i}", tokens(10 * i, 3)) for i in range(4)] for pool in (batched, single)}
+    for step, n in enumerate((5, 4, 4)):                 # the last step cannot serve every request
+        served = batched.allocate_slots_many(reqs[batched], n, now=step)
+        want = 0
+        for r in reqs[single]:
+            if single.allocate_slots(r, n, now=step) is None:
+                break
+            want += 1
+        assert served == want
+        for pool in (batched, single):
+            for r in reqs[pool][:served]:
+                r.num_computed_tokens += n
+        assert batched.cache_many(reqs[batched][:served], now=step) == sum(
+            single.cache(r, now=step) for r in reqs[single][:served])
+        assert [batched.block_table(r) for r in reqs[batched]] == [single.block_table(r) for r in reqs[single]]
+        assert batched.snapshot() == single.snapshot()
+    assert served < len(reqs[batched]) and batched.stats.allocation_failures == 1
