@@ -6,8 +6,8 @@ to find them by looking at every running request at every iteration; `DecodeSet`
 instead (a request joins when a prefill chunk samples its token and it does not finish, and leaves when it
 finishes, is preempted or aborted), and keeps which of them need a page for their next token (`due`: found
 where the scheduler already looks at a request, when its computed tokens reach a page boundary). Building
-an iteration's decodes is then one list copy, one KV call for the requests due a page (`allocate_slots_many`), and an identity filter for the
-running requests that still prefill (usually none).
+an iteration's decodes is then one list copy, the pages of the requests due one (one KV call for many,
+`allocate_slots_many`), and an identity filter for the running requests that still prefill (usually none).
 
 `take(...)` returns None when the fast path does not apply (more decodes than the iteration's token or
 sequence cap): the scheduler then runs its per-request scan, which also grows pages for the decodes it
@@ -20,6 +20,11 @@ import operator
 from itertools import filterfalse
 
 _priority = operator.attrgetter("priority")
+
+# From this many requests on, an iteration's per-request KV calls go as one (allocate_slots_many,
+# cache_many); below it one call each costs less (the batch's own lists outweigh the calls it saves:
+# per request 1.3 µs one by one against 1.9 µs batched for one request, 4.7 against 5.3 µs for four).
+BATCH_FROM = 4
 
 
 def needs_page(r, block_size: int) -> bool:
@@ -92,10 +97,10 @@ class DecodeSet:
         if due:
             if len(due) > 1:
                 due.sort(key=self._rank)         # the scan's order: growth in rank order
-            if len(due) == 1:                    # (one: the plain call)
+            if len(due) < sched.batch_from:      # a few: one KV call each
                 served, live = 0, due
                 failed = False
-            else:                                # one KV call for all of them
+            else:                                # many: one KV call for all of them
                 live = [r for r in due if r.status is running_status]
                 served = sched.kv.allocate_slots_many(live, 1, now=now)
                 failed = True

@@ -29,7 +29,7 @@ import bisect
 import itertools
 from shadowprefill.engine import shadow_work
 import operator
-from shadowprefill.engine.decode_batch import DecodeSet
+from shadowprefill.engine.decode_batch import BATCH_FROM, DecodeSet
 from shadowprefill.engine.request import Priority, Request, RequestOutput, RequestStatus
 from shadowprefill.engine.shadow_work import ShadowQueue, ShadowWork
 from shadowprefill.kv.manager import PrefixMatch
@@ -156,6 +156,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._stamp = 0
         self._to_cache: list[Request] = []           # postprocess: requests whose filled pages register at its end
+        self.batch_from = BATCH_FROM                 # from this many requests, one KV call for all (decode_batch)
         self.prefetched: list[Request] = []          # waiting requests holding a reload-ahead (r.prefetch)
 
     # ------------------------------------------------------------------------------------------ queues
@@ -454,13 +455,15 @@ class Scheduler:
 
     def _cache_pending(self, now: float) -> None:
         """Register the pages postprocess set aside (_to_cache), in the order they filled, in one KV call."""
-        pending = self._to_cache
-        if len(pending) == 1:                    # (one: the plain call)
-            r = pending.pop()
-            self.kv.cache(r, now=now, num_tokens=r.num_computed_tokens)
+        pending = self._to_cache                 # (cleared in place: postprocess holds the list)
+        if len(pending) < self.batch_from:       # a few: one call each
+            kv = self.kv
+            for r in pending:
+                kv.cache(r, now=now, num_tokens=r.num_computed_tokens)
+            pending.clear()
             return
         batch = pending[:]
-        pending.clear()                          # (in place: postprocess holds the list)
+        pending.clear()
         self.kv.cache_many(batch, now=now)
 
     # ------------------------------------------------------------------------------------- reload-ahead
@@ -587,10 +590,11 @@ class Scheduler:
         emit = outputs.append
         finished = False
         decoding = self.decoding
-        to_cache = self._to_cache                # filled pages: registered in one call at the end (_free
-                                                 # registers them first if a request finishes meanwhile)
         decodes = batch.decodes
         num_decodes = len(decodes)
+        # many decodes (about one fills a page per block_size): the filled pages register in one call at the
+        # end (_free registers them first if a request finishes meanwhile); a few: each at once
+        to_cache = self._to_cache if num_decodes >= self.batch_from * bs else None
         st.decode_tokens += num_decodes
         for r, n in batch.prefills:
             if r.status is running:
@@ -662,7 +666,7 @@ class Scheduler:
                     finished = True
                 elif r.num_computed_tokens // bs > r.num_committed_blocks:
                     self._commit_full_pages(r, now, to_cache)
-        if self._to_cache:
+        if to_cache:
             self._cache_pending(now)
         if finished:
             self.running = [r for r in self.running if r.status is running]
