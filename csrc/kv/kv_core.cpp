@@ -292,11 +292,7 @@ py::object KVCore::allocate(int64_t n, double now, bool shadow) {
 }
 
 py::list KVCore::allocate_many(py::object counts, double now, bool shadow) {
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(counts.ptr(), "counts: expected a sequence of ints"));
-  if (!seq) {
-    PyErr_Clear();
-    throw py::type_error("counts: expected a sequence of ints");
-  }
+  py::object seq = fast_sequence(counts, "counts: expected a sequence of ints");
   const Py_ssize_t m = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
   std::vector<int64_t>& ns = counts_;
@@ -325,11 +321,8 @@ py::list KVCore::allocate_many(py::object counts, double now, bool shadow) {
 }
 
 int64_t KVCore::commit_many(py::object items, double now) {
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(items.ptr(), "items: expected a sequence"));
-  if (!seq) {
-    PyErr_Clear();
-    throw py::type_error("items: expected a sequence of (block_ids, token_ids, tenant, num_tokens, hashes)");
-  }
+  py::object seq =
+      fast_sequence(items, "items: expected a sequence of (block_ids, token_ids, tenant, num_tokens, hashes)");
   const Py_ssize_t m = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** its = PySequence_Fast_ITEMS(seq.ptr());
   for (Py_ssize_t i = 0; i < m; ++i) {  // the items' shape first: a malformed one changes nothing
@@ -337,7 +330,8 @@ int64_t KVCore::commit_many(py::object items, double now) {
     if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 5)
       throw py::type_error("items: expected (block_ids, token_ids, tenant, num_tokens, hashes) tuples");
     PyObject* tokens = PyTuple_GET_ITEM(it, 1);
-    if (!PyList_Check(tokens) && !PyTuple_Check(tokens)) throw TokenTypeError("token_ids: expected a list or tuple of ints");
+    if (!PyList_Check(tokens) && !PyTuple_Check(tokens))
+      throw TokenTypeError("token_ids: expected a list or tuple of ints");
   }
   int64_t registered = 0;
   for (Py_ssize_t i = 0; i < m; ++i) {  // in order, as that many commit calls

@@ -43,15 +43,21 @@ inline py::list to_list(const std::vector<int32_t>& ids) {
 
 inline bool event_done(const py::object& event) { return event.attr("query")().cast<bool>(); }
 
+// seq as a list or tuple (PySequence_Fast: in place when it is one); TypeError(message) if not a sequence.
+inline py::object fast_sequence(py::handle seq, const char* message) {
+  py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), message));
+  if (!fast) {
+    PyErr_Clear();
+    throw py::type_error(message);
+  }
+  return fast;
+}
+
 // A sequence of page ids (list, tuple or any sequence), read in place where possible.
 class PageIds {
  public:
   explicit PageIds(py::handle seq) {
-    fast_ = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "block_ids: expected a sequence of page ids"));
-    if (!fast_) {
-      PyErr_Clear();
-      throw py::type_error("block_ids: expected a sequence of page ids");
-    }
+    fast_ = fast_sequence(seq, "block_ids: expected a sequence of page ids");
     n_ = PySequence_Fast_GET_SIZE(fast_.ptr());
     items_ = PySequence_Fast_ITEMS(fast_.ptr());
   }

@@ -236,7 +236,8 @@ class KVCore:
         try:
             items = list(items)
         except TypeError:
-            raise TypeError("items: expected a sequence of (block_ids, token_ids, tenant, num_tokens, hashes)") from None
+            raise TypeError("items: expected a sequence of (block_ids, token_ids, tenant, num_tokens, "
+                            "hashes)") from None
         for item in items:               # the items' shape first: a malformed one changes nothing
             if item.__class__ is not tuple or len(item) != 5:
                 raise TypeError("items: expected (block_ids, token_ids, tenant, num_tokens, hashes) tuples")

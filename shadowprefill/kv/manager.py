@@ -117,7 +117,8 @@ class KVCacheManager:
         core = self._core
         calls = core.fast_calls() if self.backend == "native" else (
             core.allocate, core.commit, core.free, core.match, core.poll, core.allocate_many, core.commit_many)
-        self._allocate, self._commit, self._free, self._match, self._poll, self._allocate_many, self._commit_many = calls
+        (self._allocate, self._commit, self._free, self._match, self._poll, self._allocate_many,
+         self._commit_many) = calls
         self._tables: dict[str, list[int]] = {}       # request id -> its pages, in token order
 
     # ---- request-shaped calls (the scheduler's) ------------------------------------------------------------
