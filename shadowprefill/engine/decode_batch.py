@@ -98,14 +98,12 @@ class DecodeSet:
             if len(due) > 1:
                 due.sort(key=self._rank)         # the scan's order: growth in rank order
             if len(due) < sched.batch_from:      # a few: one KV call each
-                served, live = 0, due
-                failed = False
-            else:                                # many: one KV call for all of them
-                live = [r for r in due if r.status is running_status]
-                served = sched.kv.allocate_slots_many(live, 1, now=now)
-                failed = True
-            for r in live[served:]:              # the pool refused live[served]: grow it and the rest one by
-                if r.status is running_status:   # one, preempting (not a victim of an earlier growth)
+                rest, failed = due, False
+            else:                                # many: one KV call for all of them; the pool refused the
+                live = [r for r in due if r.status is running_status]      # first of `rest`, if any
+                rest, failed = live[sched.kv.allocate_slots_many(live, 1, now=now):], True
+            for r in rest:                       # grow one by one, preempting (not a victim of an earlier
+                if r.status is running_status:   # growth)
                     batch.num_tokens = len(decodes)
                     sched._grow(r, 1, now, batch, failed=failed)
                 failed = False

@@ -454,17 +454,15 @@ class Scheduler:
             r.check_at = 0
 
     def _cache_pending(self, now: float) -> None:
-        """Register the pages postprocess set aside (_to_cache), in the order they filled, in one KV call."""
-        pending = self._to_cache                 # (cleared in place: postprocess holds the list)
-        if len(pending) < self.batch_from:       # a few: one call each
-            kv = self.kv
+        """Register the pages postprocess set aside (_to_cache), in the order they filled: one KV call for
+        many, one call each for a few."""
+        pending, kv = self._to_cache, self.kv
+        if len(pending) < self.batch_from:
             for r in pending:
                 kv.cache(r, now=now, num_tokens=r.num_computed_tokens)
-            pending.clear()
-            return
-        batch = pending[:]
-        pending.clear()
-        self.kv.cache_many(batch, now=now)
+        else:
+            kv.cache_many(pending, now=now)
+        pending.clear()                          # (in place: postprocess holds the list)
 
     # ------------------------------------------------------------------------------------- reload-ahead
     def prefetch(self, now: float, batch: ScheduledBatch) -> int:
