@@ -127,22 +127,70 @@ def promoted(report, evicted):
     return result
 
 
+class StatsTail:
+    """The rows a stats file gained since `since` (wall clock), read incrementally: a poll parses only what
+    was appended (a full re-read of a few thousand rows per poll starved the client on 2 busy cores)."""
+
+    def __init__(self, path: Path, since: float) -> None:
+        self.path, self.since, self.offset, self.rows = path, since, 0, []
+
+    def read(self) -> list[dict]:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1                     # a partial last line waits for the next read
+        self.offset += end
+        for line in data[:end].splitlines():
+            if line.strip() and (row := json.loads(line)).get("t", 0) > self.since:
+                self.rows.append(row)
+        return self.rows
+
+
+def first_shadow(rows: list[dict]) -> str | None:
+    """The request id of the first shadow chunk of more than one token (a prompt chunk) in `rows`."""
+    return next((c[0] for r in rows for c in r.get("shadow_reqs", ()) if c[1] > 1), None)
+
+
+def caught_running(rows: list[dict], shadow_id: str) -> bool:
+    """Whether the normal request reached the scheduler while the scenario's shadow still had steps to run:
+    its prefill step came before the shadow's last step, or it waited (`waiting` > 0) on a shadow step. Not
+    so when the client, starved of CPU, sent it after the shadow's whole decode had run (seen on 2 cores:
+    600 decodes in 3.6 s and one 3.5 s poll); such an attempt says nothing of the scheduler."""
+    steps = [i for i, r in enumerate(rows) if any(c[0] == shadow_id for c in r.get("shadow_reqs", ()))]
+    normal = next((i for i, r in enumerate(rows) if r.get("prefill_tokens", 0) > 0), None)
+    return bool(steps) and ((normal is not None and normal < steps[-1])
+                            or any(rows[i].get("waiting", 0) > 0 for i in steps))
+
+
+YIELD_ATTEMPTS = 3
+
+
 @pytest.fixture(scope="module")
 def yielded(report, promoted):
+    """The yield scenario on the plugin's pressure server, the normal request sent once the scheduler's stats
+    show the shadow decoding; an attempt whose normal request only arrived after the shadow had finished is
+    run again with new prompts (at most YIELD_ATTEMPTS; the test fails if none caught the shadow running)."""
     p = PEERS["plugin"]["pressure"]
-    path, start = Path(p["stats"]), time.time()
+    for attempt in range(YIELD_ATTEMPTS):
+        tail = StatsTail(Path(p["stats"]), time.time())
 
-    async def shadow_decodes() -> bool:
-        """Since the start, the scheduler ran this scenario's shadow prompt (a shadow chunk of more than one
-        token) and then a one-token shadow step (a decode): a shadow of an earlier scenario that still
-        decodes when this one starts must not count."""
-        rows = [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-        rows = [r for r in rows if r.get("t", 0) > start]
-        first = next((i for i, r in enumerate(rows) if r.get("shadow_tokens", 0) > 1), None)
-        return first is not None and any(r.get("shadow_tokens") == 1 and r.get("prefill_tokens") == 0
-                                         for r in rows[first + 1:])
-    report["plugin"]["yield"] = result = asyncio.run(yield_scenario(p["url"], p["model"], block_size=BS,
-                                                                    decoding=shadow_decodes))
+        async def shadow_decodes() -> bool:
+            """Since the start, the scheduler ran this attempt's shadow prompt (a shadow chunk of more than
+            one token) and then a one-token shadow step (a decode): a shadow of an earlier scenario that
+            still decodes when this one starts must not count."""
+            rows = tail.read()
+            first = next((i for i, r in enumerate(rows) if r.get("shadow_tokens", 0) > 1), None)
+            return first is not None and any(r.get("shadow_tokens") == 1 and r.get("prefill_tokens") == 0
+                                             for r in rows[first + 1:])
+        result = asyncio.run(yield_scenario(p["url"], p["model"], block_size=BS, seed=2 + 10 * attempt,
+                                            decoding=shadow_decodes))
+        rows = tail.read()
+        shadow_id = first_shadow(rows)
+        result.update(attempt=attempt + 1, shadow_id=shadow_id,
+                      caught_running=shadow_id is not None and caught_running(rows, shadow_id))
+        if result["caught_running"]:
+            break
+    report["plugin"]["yield"] = result
     return result
 
 
@@ -309,7 +357,8 @@ def waited_share(run: dict) -> float:
 
 
 def test_waiting_normal_request_preempts_a_running_shadow(yielded, report):
-    assert yielded["normal_done_first"] and yielded["shadow_output_tokens"] == 600
+    assert yielded["caught_running"], yielded       # the normal request arrived while the shadow ran
+    assert yielded["normal_done_first"] and yielded["shadow_output_tokens"] == 600, yielded
     assert waited_share(yielded) < 0.5, yielded                       # it did not wait for the shadow
     assert stats("pressure")[-1]["shadow_preempted"] >= 1
     assert waited_share(report["stock"]["yield"]) > 0.5, report["stock"]["yield"]   # stock vLLM: it waited
