@@ -305,6 +305,30 @@ def test_a_routed_call_supersedes_its_sessions_shadow(model_dir, monkeypatch, as
     assert all("s" not in o.num_scheduled_tokens for o in d.outputs[first:])
 
 
+@pytest.mark.parametrize("async_sched", [False, True])
+def test_a_shadow_whose_context_outgrows_b_goes_on_in_liveness_probes(model_dir, monkeypatch, async_sched):
+    """t̂ fixed so that one block fits b on no context but not from two blocks of context on (make test-vllm,
+    large model: 26.0 ms predicted for a block against b = 24.9 ms, after blocks on less context fit). The
+    allowance (fresh_tokens: a chunk on no context) is a block, so no probe was due, and no chunk fitted at the
+    shadow's own context: the shadow stalled for good on an idle server (seen: 55 s, until the client gave
+    up). The engine's rule now: a step whose budget placed nothing probes (each step here: LIVENESS_S 0)."""
+    import shadowprefill.shadow.controller as controller
+    monkeypatch.setattr(controller, "LIVENESS_S", 0.0)
+    sched = make(ShadowScheduler, model_dir, async_sched, False, monkeypatch)
+    pred, b = sched.predictor, sched.controller.cap
+    pred.w0, pred.w1, pred.w2 = 0.0, 0.6 * b / BS, 0.2 * b / BS ** 2    # one block: 0.8 b, 1.0 b, 1.2 b, ...
+    pred.prefill_steps, pred.largest_prefill = pred.warm_steps, 4 * TOKEN_BUDGET   # warm, chunks unbounded
+    for frozen in ("observe", "observe_features", "feedback", "refit"):        # t̂ stays as set
+        monkeypatch.setattr(pred, frozen, lambda *a, **k: None)
+    assert pred.chunk_time(BS, 0) <= b < pred.chunk_time(BS, 2 * BS) and pred.warm
+    d = Driver(sched, async_sched)
+    d.run([(0, "s", list(range(10, 10 + BS * 8)), 1, SHADOW)], max_steps=400)
+    assert d.finished == {"s": "length"}
+    chunks = [(out.num_scheduled_tokens["s"], i) for i, out in enumerate(d.outputs) if "s" in out.num_scheduled_tokens]
+    assert sum(n for n, _ in chunks) == BS * 8 and all(n <= BS for n, _ in chunks)
+    assert sched.controller.probes >= 6                # every block from the third on came as a probe
+
+
 def test_feedback_judges_a_shadow_step_against_b_before_the_shrink(model_dir, monkeypatch):
     """The plugin's half of the t̂ feedback rule (predictor.feedback): a shadow-carrying step is reported with
     bound_s = b as the controller computed it, before budget_scale shrank it, and predicted_s = t̂ of the step.

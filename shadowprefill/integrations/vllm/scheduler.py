@@ -462,20 +462,25 @@ class ShadowScheduler(Scheduler):
         step.warm = self._slo_fixed and self.predictor.warm
         if step.warm:           # guardrails: a step's shadow tokens at most 2x the largest measured prefill step
             allowance = min(budget.fresh_tokens, self.predictor.chunk_limit())
-            if allowance < budget.n_min and self._shadows and self.controller.probe_due(budget):
-                step.warm, allowance = False, budget.n_min      # t̂ or its shrink may be stale: one probe
         else:                   # t̂ uncalibrated: probe chunks of n_min, on idle steps only (they teach t̂)
             allowance = budget.n_min if budget.branch == "idle" else 0
-        if self._pause_state != PauseState.UNPAUSED:
-            allowance = 0
-        step.allowance = allowance
         admitted: list = []
-        if allowance > 0:
+        if self._shadows and self._pause_state == PauseState.UNPAUSED:
             candidates = [r for r in self._shadows.values() if r.status == RequestStatus.RUNNING] + hidden
             if self._refused:
                 candidates = [r for r in candidates if r.request_id not in self._refused]
             candidates.sort(key=lambda r: (r.priority, r.arrival_time))
-            self._take(budget, allowance, candidates, out, step, admitted, merged=advanced)
+            if allowance > 0:
+                self._take(budget, allowance, candidates, out, step, admitted, merged=advanced)
+            # liveness, the engine's rule (engine/scheduler.py _shadow_phase): b admitted no chunk at any
+            # shadow's own context, so t̂ or its shrink may be stale: one probe. (Judged on `fresh_tokens`, a
+            # chunk on no context, a shadow whose context made a chunk cost just over b never ran again.)
+            if step.warm and not budget.tokens and not step.shadow_loads and self.controller.probe_due(budget):
+                step.warm, allowance = False, budget.n_min
+                self._take(budget, allowance, candidates, out, step, admitted, merged=advanced)
+        else:
+            allowance = 0
+        step.allowance = allowance
         if hidden:
             chosen = set(map(id, admitted))
             self._restore([r for r in hidden if id(r) not in chosen])
