@@ -324,8 +324,8 @@ def test_a_shadow_whose_context_outgrows_b_goes_on_in_liveness_probes(model_dir,
     d = Driver(sched, async_sched)
     d.run([(0, "s", list(range(10, 10 + BS * 8)), 1, SHADOW)], max_steps=400)
     assert d.finished == {"s": "length"}
-    chunks = [(out.num_scheduled_tokens["s"], i) for i, out in enumerate(d.outputs) if "s" in out.num_scheduled_tokens]
-    assert sum(n for n, _ in chunks) == BS * 8 and all(n <= BS for n, _ in chunks)
+    chunks = [out.num_scheduled_tokens["s"] for out in d.outputs if "s" in out.num_scheduled_tokens]
+    assert sum(chunks) == BS * 8 and max(chunks) <= BS
     assert sched.controller.probes >= 6                # every block from the third on came as a probe
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shadowprefill.integrations.vllm.stats import read_stats
+
 from tests.vllm_harness.shadow_scenario import (cap_scenario, evict_scenario, itl_scenario, promote_scenario,
                                                 streamed_scenario, switch_scenario, yield_scenario)
 
@@ -40,10 +42,7 @@ BS = int(PEERS["block_size"])
 
 
 def stats(name: str) -> list[dict]:
-    out = []
-    for line in Path(PEERS["plugin"][name]["stats"]).read_text().splitlines():
-        out.append(json.loads(line))
-    return out
+    return read_stats(PEERS["plugin"][name]["stats"])
 
 
 @pytest.fixture(scope="module")

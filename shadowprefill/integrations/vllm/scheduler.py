@@ -464,8 +464,11 @@ class ShadowScheduler(Scheduler):
             allowance = min(budget.fresh_tokens, self.predictor.chunk_limit())
         else:                   # t̂ uncalibrated: probe chunks of n_min, on idle steps only (they teach t̂)
             allowance = budget.n_min if budget.branch == "idle" else 0
+        paused = self._pause_state != PauseState.UNPAUSED
+        if paused:
+            allowance = 0
         admitted: list = []
-        if self._shadows and self._pause_state == PauseState.UNPAUSED:
+        if self._shadows and not paused:
             candidates = [r for r in self._shadows.values() if r.status == RequestStatus.RUNNING] + hidden
             if self._refused:
                 candidates = [r for r in candidates if r.request_id not in self._refused]
@@ -478,8 +481,6 @@ class ShadowScheduler(Scheduler):
             if step.warm and not budget.tokens and not step.shadow_loads and self.controller.probe_due(budget):
                 step.warm, allowance = False, budget.n_min
                 self._take(budget, allowance, candidates, out, step, admitted, merged=advanced)
-        else:
-            allowance = 0
         step.allowance = allowance
         if hidden:
             chosen = set(map(id, admitted))
