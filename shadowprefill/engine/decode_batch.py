@@ -102,10 +102,11 @@ class DecodeSet:
             else:                                # many: one KV call for all of them; the pool refused the
                 live = [r for r in due if r.status is running_status]      # first of `rest`, if any
                 rest, failed = live[sched.kv.allocate_slots_many(live, 1, now=now):], True
-            for r in rest:                       # grow one by one, preempting (not a victim of an earlier
-                if r.status is running_status:   # growth)
-                    batch.num_tokens = len(decodes)
-                    sched._grow(r, 1, now, batch, failed=failed)
+            kv = sched.kv
+            for r in rest:                       # one by one; a refusal grows by preempting (not a victim of
+                if r.status is running_status and (failed or kv.allocate_slots(r, 1, now=now) is None):
+                    batch.num_tokens = len(decodes)              # an earlier growth)
+                    sched._grow(r, 1, now, batch, failed=True)
                 failed = False
             due.clear()
         running = sched.running

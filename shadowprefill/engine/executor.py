@@ -132,7 +132,10 @@ class SimulatedExecutor(Executor):
     def execute(self, batch) -> ExecuteResult:
         duration = float(self.latency_model.iteration_time(*batch.shape()))
         if self._overlap is not None and self._reload is not None:
-            duration = self._with_reloads(batch, duration)
+            if batch.reload_tokens or batch.prefetched_tokens or batch.ahead_tokens:
+                duration = self._with_reloads(batch, duration)
+            else:                                # no copies: reloads issued ahead and not waited on lapse
+                self._ahead = None               # (the side stream's timeline is read as max(now, free))
         fn = self.token_fn
         if fn is None:
             return ExecuteResult(None, duration)

@@ -48,6 +48,8 @@ def _rank_fcfs(r: Request) -> int:
 
 _priority = operator.attrgetter("priority")
 _num_tokens = operator.attrgetter("num_tokens")
+# (module names for the members read every iteration: an enum member read through its class is a slow lookup)
+_ROUTED, _RUNNING = Priority.ROUTED, RequestStatus.RUNNING
 
 
 class ScheduledBatch:
@@ -151,6 +153,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}       # every unfinished request by id
         self.waiting: dict = {Priority.ROUTED: [], Priority.NORMAL: [],       # lists, by arrival
                               Priority.SHADOW: shadow_queue}                  # by switch probability
+        # the same lists (never replaced), as the steps read them every iteration: both, and admission's order
+        routed_queue, normal_queue = self.waiting[Priority.ROUTED], self.waiting[Priority.NORMAL]
+        self._user_queues = (routed_queue, normal_queue)
+        self._admission_queues = (routed_queue,) if self.fcfs else (routed_queue, normal_queue)
         self.running: list[Request] = []             # sorted by self._rank
         self.decoding = DecodeSet(self._rank, config.block_size, Priority.ROUTED)   # steady decodes (decode_batch)
         self.num_preemptions = 0
@@ -221,10 +227,11 @@ class Scheduler:
         """The last phase: Alg. 1 lines 1-12 (controller.plan) on the routed/normal part of `batch`, then
         line 15 on the shadow class of the queue: the chunks admitted join the batch as prefill entries."""
         queue = self.waiting[Priority.SHADOW]
-        has_jobs = len(queue) > 0
-        budget = self.controller.plan(batch.view(lambda limit: self.free_shadow_tokens(limit, now)), has_jobs)
-        if not has_jobs:
+        if not len(queue):                            # nothing to place: only the branch is counted
+            self.controller.count_idle_plan(batch.waiting_nonempty, batch.admission_blocked, batch.has_requests,
+                                            batch.has_routed)
             return
+        budget = self.controller.plan(batch.view(lambda limit: self.free_shadow_tokens(limit, now)))
         admitted = shadow_work.take(queue, budget, self.kv, now, overlap=self.overlap)
         if not admitted and self.controller.probe_due(budget):      # liveness: b admits nothing on an idle
             admitted = shadow_work.take(queue, budget, self.kv, now, overlap=self.overlap, probe=True)
@@ -247,14 +254,14 @@ class Scheduler:
         limit, max_seqs = cfg.token_budget, cfg.max_seqs
         self._stamp += 1
         stamp = self._stamp
-        routed = Priority.ROUTED
+        routed = _ROUTED
         decodes = batch.decodes
 
         # (1) running decodes, in rank order: every steady decode (engine.decode_batch keeps them), each due
         # a page getting it; a preemption there takes its victim back out of the batch. Only when they
         # exceed the cap, the per-request scan (_scan_decodes).
         cap = limit if limit < max_seqs else max_seqs
-        others = self.decoding.take(self, batch, cap, now, RequestStatus.RUNNING)
+        others = self.decoding.take(self, batch, cap, now, _RUNNING)
         if others is None:
             others = self._scan_decodes(batch, cap, now)
             batch.has_routed = routed in map(_priority, decodes)
@@ -268,7 +275,7 @@ class Scheduler:
         for r in others:
             if batch.num_tokens >= limit or num_seqs >= max_seqs:
                 break
-            if r.status is not RequestStatus.RUNNING:  # preempted by an earlier chunk of this pass
+            if r.status is not _RUNNING:            # preempted by an earlier chunk of this pass
                 continue
             n = min(r.num_remaining, limit - batch.num_tokens)
             if r.num_computed_tokens + n > len(r.block_ids) * bs and not self._grow(r, n, now, batch):
@@ -279,8 +286,7 @@ class Scheduler:
             num_seqs = batch.num_seqs
 
         # (3) admissions: one FCFS queue, or routed before normal (each by arrival).
-        for prio in ((Priority.ROUTED,) if self.fcfs else (Priority.ROUTED, Priority.NORMAL)):
-            queue = self.waiting[prio]
+        for queue in self._admission_queues:
             while (queue and batch.num_tokens < limit and len(self.running) < max_seqs
                    and batch.num_seqs < max_seqs):
                 r = queue[0]
@@ -290,7 +296,7 @@ class Scheduler:
                     self._release_prefetches(now)
                     break
                 queue.pop(0)
-                r.status = RequestStatus.RUNNING
+                r.status = _RUNNING
                 bisect.insort(self.running, r, key=self._rank)
                 batch.prefills.append((r, n))
                 r.sched_stamp = stamp
@@ -298,7 +304,8 @@ class Scheduler:
             if batch.admission_blocked:
                 break
 
-        batch.waiting_nonempty = bool(self.waiting[Priority.ROUTED] or self.waiting[Priority.NORMAL])
+        routed_queue, normal_queue = self._user_queues
+        batch.waiting_nonempty = bool(routed_queue or normal_queue)
         if batch.preempted:                      # a later preemption may have taken a routed decode out
             batch.has_routed = routed in map(_priority, decodes)
         samples = batch.samples
@@ -481,8 +488,8 @@ class Scheduler:
         for r, n in prefills:
             room -= max(r.num_remaining - n, 1)
         seats = self.config.max_seqs - len(self.running)
-        for prio in ((Priority.ROUTED,) if self.fcfs else (Priority.ROUTED, Priority.NORMAL)):
-            for r in self.waiting[prio]:
+        for queue in self._admission_queues:
+            for r in queue:
                 if room <= 0 or seats <= 0:
                     return batch.ahead_tokens
                 seats -= 1
@@ -581,13 +588,13 @@ class Scheduler:
 
     def _apply_tokens(self, batch: ScheduledBatch, tokens: list[int] | None, now: float) -> list[RequestOutput]:
         st = self.stats
-        running = RequestStatus.RUNNING
+        running = _RUNNING
         bs = self.block_size
         eos = self.config.eos_token_id
         outputs: list[RequestOutput] = []
         emit = outputs.append
         finished = False
-        decoding = self.decoding
+        decoding, kv = self.decoding, self.kv
         decodes = batch.decodes
         num_decodes = len(decodes)
         # many decodes (about one fills a page per block_size): the filled pages register in one call at the
@@ -599,7 +606,7 @@ class Scheduler:
                 r.num_computed_tokens += n
                 if r.internal:
                     st.eager_shadow_tokens += n
-                elif r.priority is Priority.ROUTED:
+                elif r.priority is _ROUTED:
                     st.prefill_tokens_routed += n
                 else:
                     st.prefill_tokens_normal += n
@@ -611,23 +618,29 @@ class Scheduler:
         # (a full page to register, its last token) it needs more. check_at is 0 where every token needs more:
         # a request that streams (an output per token), an EOS to look for, an abort while in flight (_free).
         for r in decodes:
-            t = r.num_tokens + 1
+            c = r.num_tokens                     # its computed tokens after this step (the int object reused)
+            t = c + 1
             if t < r.check_at:
                 r.num_tokens = t
-                r.num_computed_tokens = t - 1
+                r.num_computed_tokens = c
                 r.num_decode_iters += 1
                 continue
             if r.status is not running:          # aborted while in flight
                 continue
             r.num_tokens = t
-            r.num_computed_tokens = t - 1
+            r.num_computed_tokens = c
             r.num_decode_iters += 1
             stop_at = r.num_prompt_tokens + r.max_tokens
             if (t >= stop_at or eos is not None) and self._finish_if_done(r, t, now, eos, emit):
                 finished = True
                 continue
-            if (t - 1) // bs > r.num_committed_blocks:
-                self._commit_full_pages(r, now, to_cache)
+            full = c // bs
+            if full > r.num_committed_blocks:    # a page filled: register it (_commit_full_pages, inlined)
+                if to_cache is None:
+                    kv.cache(r, now=now, num_tokens=c)
+                else:
+                    to_cache.append(r)
+                r.num_committed_blocks = full
             decoding.stepped(r)                  # (every page boundary passes here) due a page?
             if r.stream:
                 emit(RequestOutput(r, t - r.num_prompt_tokens, False))

@@ -188,7 +188,7 @@ class KVCacheManager:
             tokens = r.token_ids_upto(n)
             if tokens.__class__ is not list:
                 tokens = as_token_sequence(tokens)
-            items.append((tables.get(r.request_id, []), tokens, r.tenant, n, None))
+            items.append((tables.get(r.request_id, ()), tokens, r.tenant, n, None))
         return self._commit_many(items, now)
 
     def cache(self, request, *, now: float, num_tokens: int | None = None, hashes: PageHashes | None = None) -> int:
@@ -198,7 +198,7 @@ class KVCacheManager:
         tokens = request.token_ids_upto(n)
         if tokens.__class__ is not list:
             tokens = as_token_sequence(tokens)
-        return self._commit(self._tables.get(request.request_id, []), tokens, now, request.tenant, n, hashes)
+        return self._commit(self._tables.get(request.request_id, ()), tokens, now, request.tenant, n, hashes)
 
     # ---- queries (no state change) ---------------------------------------------------------------------
     @property

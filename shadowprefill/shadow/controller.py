@@ -244,12 +244,16 @@ class ShadowController:
 
     def branch(self, view: IterationView) -> str:
         """Which of lines 1-9 sets b: "blocked", "idle", "credit" or "slo"."""
+        return self.branch_of(view.waiting, view.admission_blocked, view.has_requests, view.has_routed)
+
+    def branch_of(self, waiting: bool, admission_blocked: bool, has_requests: bool, has_routed: bool) -> str:
+        """`branch` from the four facts of B it reads."""
         policy = self.policy
-        if not policy.runs_jobs or view.waiting or view.admission_blocked:   # line 1
+        if not policy.runs_jobs or waiting or admission_blocked:             # line 1
             return "blocked"
-        if not view.has_requests:                                              # line 3
+        if not has_requests:                                                   # line 3
             return "idle"
-        if not policy.slo_slack or view.has_routed:                            # line 5 (Harvest: every busy it.)
+        if not policy.slo_slack or has_routed:                                 # line 5 (Harvest: every busy it.)
             return "credit"
         return "slo"
 
@@ -282,12 +286,12 @@ class ShadowController:
         return best
 
     # ---------------------------------------------------------------------------------- Alg. 1 10-12
-    def plan(self, view: IterationView, work: bool = True) -> ShadowBudget:
-        """Budget one iteration; the caller spends it chunk by chunk (line 15). `work` False: the caller has
-        no shadow work to place, so only the branch is counted (b is not computed; the budget is empty)."""
+    def plan(self, view: IterationView) -> ShadowBudget:
+        """Budget one iteration; the caller spends it chunk by chunk (line 15). (A caller with no shadow work
+        to place calls `count_idle_plan` instead.)"""
         branch = self.branch(view)
         self.branch_counts[branch] += 1
-        b = self._seconds(branch, view) * self.predictor.budget_scale if work else 0.0   # feedback (predictor.py)
+        b = self._seconds(branch, view) * self.predictor.budget_scale                 # feedback (predictor.py)
         self.last_branch, self.last_budget = branch, b
         if b <= 0.0:
             return ShadowBudget(0.0, branch, n_min=self.n_min, predictor=self.predictor, view=view,
@@ -298,6 +302,13 @@ class ShadowController:
                                      seq_room=self.max_seqs - view.num_seqs, view=view, controller=self,
                                      scale=self.predictor.budget_scale)
         return self._planned
+
+    def count_idle_plan(self, waiting: bool, admission_blocked: bool, has_requests: bool, has_routed: bool) -> None:
+        """What `plan` records, for a host with no shadow work to place (it builds no view): the branch of B
+        is counted and b is 0 (not computed)."""
+        branch = self.branch_of(waiting, admission_blocked, has_requests, has_routed)
+        self.branch_counts[branch] += 1
+        self.last_branch, self.last_budget = branch, 0.0
 
     def probe_due(self, budget: ShadowBudget) -> bool:
         """Liveness: whether an idle iteration (line 3) whose `budget` admits no shadow chunk runs one probe

@@ -95,13 +95,19 @@ def nnls_normal(a: np.ndarray, b: np.ndarray, *, definite: bool = False) -> np.n
     error-state context, which cost more than the solve of 5 unknowns (same routine, same result)."""
     n = len(b)
     theta = _SOLVE1(a, b, signature="dd->d") if definite and _SOLVE1 is not None else None
-    if theta is None or not np.isfinite(theta).all():     # not asked for, or `a` was singular: the checked solve
+    if theta is not None:
+        values = theta.tolist()
+        if all(0.0 <= v < math.inf for v in values):      # the common case: finite, nothing to clamp
+            return theta
+        if not all(map(math.isfinite, values)):           # `a` was singular after all
+            theta = None
+    if theta is None:                                     # not asked for, or singular: the checked solve
         try:
             theta = np.linalg.solve(a, b)
         except np.linalg.LinAlgError:
             theta = None
-    if theta is not None and all(v >= 0.0 for v in theta.tolist()):   # the common case: nothing to clamp
-        return theta
+        if theta is not None and all(v >= 0.0 for v in theta.tolist()):
+            return theta
     tol = 1e-12 * max(float(np.abs(b).max()), 1e-300)
     passive = np.zeros(n, dtype=bool)
     theta = np.zeros(n)
@@ -263,9 +269,10 @@ class IterationPredictor:
         w = self._decay.get((k, lam))
         if w is None:                                             # row i decays k-1-i more times
             w = self._decay[k, lam] = lam ** np.arange(k - 1, -1, -1, dtype=np.float64)
-        self._info *= lam ** k
+        decay = lam ** k
+        self._info *= decay
         self._info += (x.T * w) @ x
-        self._rhs *= lam ** k
+        self._rhs *= decay
         self._rhs += w @ x
         rows.clear()
         rho = self.speed_ratio                                    # the seed's rows timed at ρ × their seed time

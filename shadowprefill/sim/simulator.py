@@ -174,7 +174,9 @@ class Simulator:
                 inst = instances[a]
                 it = inst.driver.iteration
                 outputs = inst.driver.end()
-                self._busy_window[a] += max(0.0, min(t, w1) - max(it.start, w0))
+                start, end = (it.start if it.start > w0 else w0), (t if t < w1 else w1)
+                if end > start:                                    # its part inside the window
+                    self._busy_window[a] += end - start
                 if outputs or manager.pd is not None:          # (P/D: prefill instances offer pushes)
                     for ticket in manager.on_outputs(inst, outputs):
                         self._finish_call(ticket, by_id[ticket.session_id], result, measured, pending, histories)

@@ -310,6 +310,46 @@ def test_reload_is_charged_overlapped_with_the_compute():
     assert e.predictor.num_observations == n + 1              # the next iteration (no reload) is
 
 
+def test_side_stream_timeline_matches_a_hand_replay():
+    """SimulatedExecutor's host-tier timeline over random iterations, most without copies (which skip the
+    overlap arithmetic): each duration equals a replay written here. A reload issued ahead counts only for the
+    next iteration's admissions; the side stream runs this iteration's reloads, then those ahead."""
+    import random
+    from types import SimpleNamespace
+    rng = random.Random(3)
+    rate = 1e-4                                              # a reload outlasts several iterations
+    ex = SimulatedExecutor(LinearLatency(reload_s_per_token=rate))
+    side_free, ahead, now = -float("inf"), None, 0.0
+    waited_ahead = 0
+    for _ in range(400):
+        now += rng.choice((0.0, 1e-4, 2e-3, 0.05))
+        prefill = [(rng.randrange(1, 300), rng.randrange(0, 2000))] if rng.random() < 0.5 else []
+        contexts = [rng.randrange(1, 4000) for _ in range(rng.randrange(0 if prefill else 1, 6))]
+        copies = rng.random() < 0.3
+        reload = rng.choice((0, 16, 64, 512)) if copies else 0
+        prefetched = rng.choice((0, 32, 128)) if copies else 0
+        issued = rng.choice((0, 0, 64, 256)) if copies else 0
+        batch = SimpleNamespace(now=now, reload_tokens=reload, prefetched_tokens=prefetched, ahead_tokens=issued,
+                                samples=[], shape=lambda p=prefill, c=contexts: (p, c))
+        compute = LinearLatency().iteration_time(prefill, contexts)
+        side = max(now, side_free)                          # the replay
+        want = compute
+        if reload:
+            want = pipeline(compute, rate * reload, now - side)
+            side += rate * reload
+        if prefetched and ahead is not None:
+            want = max(want, pipeline(compute, rate * ahead[1], now - ahead[0]))
+            waited_ahead += 1
+        ahead = None
+        if issued:
+            ahead = (side, issued)
+            side += rate * issued
+        side_free = side
+        got = ex.execute(batch).duration
+        assert got == pytest.approx(want, rel=1e-12, abs=0.0)
+    assert waited_ahead > 5                                  # reloads ahead were waited on, not only issued
+
+
 def test_reload_ahead_runs_during_the_previous_iteration():
     """A waiting request the next iteration admits starts its reload one iteration early: the iteration
     that issues it is not slowed, the one that admits it waits only for what is left of the copy."""

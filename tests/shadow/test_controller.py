@@ -584,9 +584,9 @@ def test_a_last_chunk_below_n_min_runs_when_it_fits():
 
 
 @pytest.mark.parametrize("mode", ["harvest-slo", "harvest"])
-def test_plan_without_work_counts_the_branch_only(mode):
-    """plan(view, work=False) (the engine has no shadow job): the same branch as the full plan is counted, the
-    budget is empty, and credit is untouched; over random iterations the branch counts match the full plan's."""
+def test_count_idle_plan_counts_the_branch_only(mode):
+    """count_idle_plan (the engine has no shadow job, so builds no view): the same branch as the full plan is
+    counted, b is 0, and credit is untouched; over random iterations the branch counts match the full plan's."""
     import random
     rng = random.Random(5)
     full, quick = controller(mode), controller(mode)
@@ -602,8 +602,8 @@ def test_plan_without_work_counts_the_branch_only(mode):
         credit = rng.uniform(0, 0.02)
         full.credit = quick.credit = credit
         want = full.plan(b.view(0))
-        got = quick.plan(b.view(0), work=False)
-        assert got.branch == want.branch == full.budget_seconds(b.view(0))[1]
-        assert got.seconds == 0.0 and quick.last_budget == 0.0 and quick.credit == credit
+        quick.count_idle_plan(b.waiting_nonempty, b.admission_blocked, b.has_requests, b.has_routed)
+        assert quick.last_branch == want.branch == full.budget_seconds(b.view(0))[1]
+        assert quick.last_budget == 0.0 and quick.credit == credit
         assert quick.branch_counts == full.branch_counts
     assert sum(v > 0 for v in full.branch_counts.values()) >= 3      # several branches were exercised
