@@ -594,7 +594,7 @@ class Scheduler:
         outputs: list[RequestOutput] = []
         emit = outputs.append
         finished = False
-        decoding, kv = self.decoding, self.kv
+        decoding = self.decoding
         decodes = batch.decodes
         num_decodes = len(decodes)
         # many decodes (about one fills a page per block_size): the filled pages register in one call at the
@@ -634,13 +634,8 @@ class Scheduler:
             if (t >= stop_at or eos is not None) and self._finish_if_done(r, t, now, eos, emit):
                 finished = True
                 continue
-            full = c // bs
-            if full > r.num_committed_blocks:    # a page filled: register it (_commit_full_pages, inlined)
-                if to_cache is None:
-                    kv.cache(r, now=now, num_tokens=c)
-                else:
-                    to_cache.append(r)
-                r.num_committed_blocks = full
+            if c // bs > r.num_committed_blocks:
+                self._commit_full_pages(r, now, to_cache)
             decoding.stepped(r)                  # (every page boundary passes here) due a page?
             if r.stream:
                 emit(RequestOutput(r, t - r.num_prompt_tokens, False))
